@@ -1,0 +1,638 @@
+"""Per-GPU slice scheduler.
+
+How this works
+--------------
+A ``GpuScheduler`` owns the time of one GPU. Instances (containers) ask for
+time through their clients with :meth:`acquire`; the scheduler answers with
+effects: :class:`Grant` (a lease with an absolute CLOCK_MONOTONIC deadline) and
+:class:`Revoke`. Under policies 0-4 at most one instance holds the lease; all
+of that instance's clients share it. Under policy 5 every client gets a lease
+of its own at once.
+
+Accounting is by time *really held*: a lease is charged from grant to the
+moment its last client releases it (overrun included), never by its nominal
+length.
+
+* Policies 1, 2 and 4 pick the next holder by weighted virtual time, like
+  Linux CFS: holding for ``t`` ns adds ``t * VR_SCALE / weight`` to the
+  instance's ``vruntime``, and the smallest ``vruntime`` goes next. An
+  instance that comes back from idle is placed at the GPU's ``min_vr``, which
+  only moves forward, so it cannot bank credit. Policy 1 treats every weight
+  as 1; policy 2 also walks instances without demand, whose turns pass with
+  the GPU idle (their ``vruntime`` is charged for the idle turn).
+* Policies 0 and 3 are a fixed ring of ``max_inst`` slots turned by the clock.
+  An owner that overruns its segment owes the overrun (``debt_ns``), which is
+  taken off its next segment, so the hard cap holds exactly in the long run.
+* High-priority instances run on a credit that grows at ``prio_ratio`` % of
+  wall time and is spent 1:1 while they hold the GPU; at most two slices'
+  worth can be banked, so over any window a high-priority instance gets at
+  most ``prio_ratio`` % plus two slices. With demand and enough credit for a
+  slice they preempt a normal holder by revoke. Under the work-conserving
+  policies (1, 4) a high-priority instance out of credit may still use time
+  that no normal instance wants.
+* A holder still holding ``overrun_ns`` after its deadline (or after a
+  revoke) is cut off: its lease is ended, charged up to that moment, and
+  counted in ``stats.overruns``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.errors import NotFoundError, SettingError
+
+FIXED, PREEMPTIVE, WEIGHTED, FIXED_CORE, WEAK, NATIVE = range(6)
+POLICY_NAMES = ("fixed", "preemptive", "weighted", "fixed-core", "weak", "native")
+RING_POLICIES = (FIXED, FIXED_CORE)
+VTIME_POLICIES = (PREEMPTIVE, WEIGHTED, WEAK)
+WORK_CONSERVING = (PREEMPTIVE, WEAK, NATIVE)
+
+VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
+
+MAX_INST_RANGE = (1, 25)
+PRIO_RATIO_RANGE = (20, 99)
+SLICE_MS_RANGE = (1, 100)
+
+
+def check_range(name: str, value: int, lo: int, hi: int) -> int:
+    """Return ``value`` if ``lo <= value <= hi``, else raise a one-line SettingError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingError(f"{name}: expected an integer {lo}..{hi}, got {value!r}")
+    if not lo <= value <= hi:
+        raise SettingError(f"{name}: {value} is out of range {lo}..{hi}")
+    return value
+
+
+@dataclass(slots=True)
+class GpuSettings:
+    """Tunable settings of one GPU (SPEC §2)."""
+
+    policy: int = PREEMPTIVE
+    max_inst: int = 16
+    prio_ratio: int = 50
+    slice_ms: int = 5
+    overrun_ms: int = 500
+
+    def validate(self) -> None:
+        check_range("policy", self.policy, 0, 5)
+        check_range("max_inst", self.max_inst, *MAX_INST_RANGE)
+        check_range("prio_ratio", self.prio_ratio, *PRIO_RATIO_RANGE)
+        check_range("slice_ms", self.slice_ms, *SLICE_MS_RANGE)
+        check_range("overrun_ms", self.overrun_ms, 1, 3_600_000)
+
+
+@dataclass(slots=True, eq=False)
+class InstanceState:
+    """One instance (container) on one GPU."""
+
+    name: str
+    weight: int
+    highprio: bool
+    order: int
+    vruntime: int = 0
+    debt_ns: int = 0
+    held_ns: int = 0
+    grants: int = 0
+    waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    id: int
+    inst: InstanceState
+    clients: set[int]
+    granted_ns: int
+    deadline_ns: int
+    highprio: bool = False
+    ring: bool = False
+    prepaid_ns: int = 0
+    revoked_ns: int | None = None
+
+
+@dataclass(slots=True)
+class GpuStats:
+    grants: int = 0
+    revocations: int = 0
+    overruns: int = 0
+    late_releases: int = 0
+    busy_ns: int = 0
+
+
+class GpuScheduler:
+    """Decides who holds one GPU, until when, and whom to revoke."""
+
+    def __init__(self, index: int, settings: GpuSettings | None = None, now: int = 0) -> None:
+        self.index = index
+        self.settings = settings if settings is not None else GpuSettings()
+        self.settings.validate()
+        self.instances: dict[str, InstanceState] = {}
+        self.stats = GpuStats()
+        self.lease: Lease | None = None
+        self.native: dict[int, Lease] = {}
+        self._client_inst: dict[int, InstanceState] = {}
+        self._order = itertools.count()
+        self._lease_ids = itertools.count(1)
+        self.min_vr = 0
+        self._turn: tuple[InstanceState, int] | None = None  # policy 2 idle turn: (owner, end)
+        self._ring: list[tuple[InstanceState | None, int]] = []
+        self._seg_idx = 0
+        self._seg_end = now
+        self._ring_dirty = True
+        self._hp_credit = self._hp_cap()
+        self._hp_t = now
+        self._busy_since: int | None = None
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def slice_ns(self) -> int:
+        return self.settings.slice_ms * NS_PER_MS
+
+    @property
+    def overrun_ns(self) -> int:
+        return self.settings.overrun_ms * NS_PER_MS
+
+    @property
+    def free_weight(self) -> int:
+        return self.settings.max_inst - sum(i.weight for i in self.instances.values())
+
+    def holders(self) -> list[Lease]:
+        """Every lease now held on this GPU."""
+        held = list(self.native.values())
+        if self.lease is not None:
+            held.append(self.lease)
+        return held
+
+    def held_ns(self, name: str, now: int) -> int:
+        """Time ``name`` has held this GPU, including a lease still running."""
+        inst = self._inst(name)
+        total = inst.held_ns
+        for lease in self.holders():
+            if lease.inst is inst:
+                total += now - lease.granted_ns
+        return total
+
+    def busy_ns(self, now: int) -> int:
+        extra = now - self._busy_since if self._busy_since is not None else 0
+        return self.stats.busy_ns + extra
+
+    def has_demand(self, name: str) -> bool:
+        inst = self._inst(name)
+        return bool(inst.waiters) or any(lease.inst is inst for lease in self.holders())
+
+    # -------------------------------------------------------------- instances
+    def add_instance(self, name: str, weight: int, highprio: bool, now: int) -> list[Effect]:
+        """Register an instance. ``weight`` 0 means it never gets GPU time."""
+        if name in self.instances:
+            raise SettingError(f"instance {name} already exists on GPU {self.index}")
+        if weight != 0:
+            check_range("weight", weight, 1, self.settings.max_inst)
+        if weight > self.free_weight:
+            raise SettingError(
+                f"weight {weight} exceeds free_weight {self.free_weight} on GPU {self.index}"
+            )
+        inst = InstanceState(name, weight, bool(highprio), next(self._order), vruntime=self.min_vr)
+        self.instances[name] = inst
+        self._ring_dirty = True
+        if weight > 1 and self.settings.policy == PREEMPTIVE:
+            return self.set_policy(WEIGHTED, now)
+        return self._schedule(now)
+
+    def remove_instance(self, name: str, now: int) -> list[Effect]:
+        """Forget an instance; its lease is ended and its waiters dropped."""
+        inst = self._inst(name)
+        effects: list[Effect] = []
+        for client in list(inst.waiters):
+            self._client_inst.pop(client, None)
+        inst.waiters.clear()
+        for lease in self.holders():
+            if lease.inst is inst:
+                for client in lease.clients:
+                    effects.append(Revoke(client, self.index, lease.id, "removed"))
+                    self._client_inst.pop(client, None)
+                self._end_lease(lease, now)
+        del self.instances[name]
+        if self._turn is not None and self._turn[0] is inst:
+            self._turn = None
+        self._ring_dirty = True
+        return effects + self._schedule(now)
+
+    # --------------------------------------------------------------- settings
+    def set_policy(self, policy: int, now: int) -> list[Effect]:
+        check_range("policy", policy, 0, 5)
+        old = self.settings.policy
+        if policy == old:
+            return []
+        self._accrue_hp(now)
+        self.settings.policy = policy
+        self._turn = None
+        self._ring_dirty = True
+        effects: list[Effect] = []
+        if old == NATIVE:
+            for lease in self.native.values():
+                effects += self._revoke(lease, now, "policy")
+        elif self.lease is not None and policy != NATIVE:
+            effects += self._revoke(self.lease, now, "policy")
+        return effects + self._schedule(now)
+
+    def set_max_inst(self, value: int, now: int) -> list[Effect]:
+        check_range("max_inst", value, *MAX_INST_RANGE)
+        used = sum(i.weight for i in self.instances.values())
+        if value < used:
+            raise SettingError(f"max_inst {value} is below the sum of weights {used}")
+        self.settings.max_inst = value
+        self._ring_dirty = True
+        return self._schedule(now)
+
+    def set_prio_ratio(self, value: int, now: int) -> list[Effect]:
+        check_range("prio_ratio", value, *PRIO_RATIO_RANGE)
+        self._accrue_hp(now)
+        self.settings.prio_ratio = value
+        self._hp_credit = min(self._hp_credit, self._hp_cap())
+        return self._schedule(now)
+
+    def set_slice_ms(self, value: int, now: int) -> list[Effect]:
+        check_range("slice_ms", value, *SLICE_MS_RANGE)
+        self.settings.slice_ms = value
+        self._ring_dirty = True
+        return self._schedule(now)
+
+    def set_overrun_ms(self, value: int, now: int) -> list[Effect]:
+        check_range("overrun_ms", value, 1, 3_600_000)
+        self.settings.overrun_ms = value
+        return self._schedule(now)
+
+    def set_weight(self, name: str, weight: int, now: int) -> list[Effect]:
+        inst = self._inst(name)
+        check_range("weight", weight, 1, self.settings.max_inst)
+        others = sum(i.weight for i in self.instances.values() if i is not inst)
+        if others + weight > self.settings.max_inst:
+            raise SettingError(
+                f"weight {weight} would make the sum {others + weight} exceed max_inst "
+                f"{self.settings.max_inst} on GPU {self.index}"
+            )
+        inst.weight = weight
+        self._ring_dirty = True
+        return self._schedule(now)
+
+    def set_highprio(self, name: str, highprio: int, now: int) -> list[Effect]:
+        inst = self._inst(name)
+        check_range("highprio", highprio, 0, 1)
+        inst.highprio = bool(highprio)
+        self._ring_dirty = True
+        return self._schedule(now)
+
+    # ----------------------------------------------------------------- events
+    def acquire(self, name: str, client: int, now: int) -> list[Effect]:
+        """``client`` of instance ``name`` wants to run GPU work."""
+        inst = self._inst(name)
+        owner = self._client_inst.get(client)
+        if owner is not None and owner is not inst:
+            raise SettingError(f"client {client} belongs to instance {owner.name}, not {name}")
+        self._client_inst[client] = inst
+        effects: list[Effect] = []
+        for lease in self._leases_of(client):
+            if lease.revoked_ns is None and now < lease.deadline_ns:
+                return [Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
+            effects += self._drop_holder(lease, client, now)
+        lease = self.lease
+        if (
+            self.settings.policy != NATIVE
+            and lease is not None
+            and lease.inst is inst
+            and lease.revoked_ns is None
+            and now < lease.deadline_ns
+        ):
+            lease.clients.add(client)
+            return effects + [Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
+        if not inst.waiters and not any(h.inst is inst for h in self.holders()):
+            inst.vruntime = max(inst.vruntime, self.min_vr)
+        inst.waiters.setdefault(client, now)
+        return effects + self._schedule(now)
+
+    def release(
+        self, client: int, lease_id: int, now: int, again: bool = False
+    ) -> tuple[list[Effect], bool]:
+        """``client`` gives ``lease_id`` back. Returns (effects, whether it was current).
+
+        With ``again`` the client still has work: it is queued again in the same
+        step, so the choice of the next holder sees its demand (a renew).
+        """
+        current = False
+        for lease in self._leases_of(client):
+            if lease.id == lease_id:
+                self._drop_holder(lease, client, now)
+                current = True
+        if again:
+            inst = self._client_inst.get(client)
+            if inst is not None:
+                inst.waiters.setdefault(client, now)
+        if not current and not again:
+            return [], False
+        return self._schedule(now), current
+
+    def drop_client(self, client: int, now: int) -> list[Effect]:
+        """``client`` went away (disconnect or death): forget its wait and its leases."""
+        inst = self._client_inst.pop(client, None)
+        if inst is None:
+            return []
+        inst.waiters.pop(client, None)
+        effects: list[Effect] = []
+        for lease in self._leases_of(client):
+            effects += self._drop_holder(lease, client, now)
+        return effects + self._schedule(now)
+
+    def tick(self, now: int) -> list[Effect]:
+        """Act on every deadline that has passed by ``now``."""
+        effects: list[Effect] = []
+        for lease in self.holders():
+            if now >= self._cutoff(lease):
+                for client in lease.clients:
+                    effects.append(Revoke(client, self.index, lease.id, "overrun"))
+                self.stats.overruns += 1
+                self._end_lease(lease, now)
+        return effects + self._schedule(now)
+
+    def next_wakeup(self) -> int | None:
+        """The earliest time at which :meth:`tick` has something to do."""
+        times = [self._cutoff(lease) for lease in self.holders()]
+        waiting = any(i.waiters for i in self.instances.values())
+        hp_ready = self._hp_ready_at() if self._hp_waiting() else None
+        lease = self.lease
+        if lease is not None:
+            if hp_ready is not None and not lease.highprio and lease.revoked_ns is None:
+                times.append(hp_ready)
+        elif not self.native and waiting and self.settings.policy != NATIVE:
+            if hp_ready is not None:
+                times.append(hp_ready)
+            if self.settings.policy == WEIGHTED and self._turn is not None:
+                times.append(self._turn[1])
+            if self.settings.policy in RING_POLICIES:
+                times.append(self._seg_end)
+        return min(times) if times else None
+
+    # ------------------------------------------------------------- internals
+    def _inst(self, name: str) -> InstanceState:
+        try:
+            return self.instances[name]
+        except KeyError:
+            raise NotFoundError(f"no instance {name} on GPU {self.index}") from None
+
+    def _leases_of(self, client: int) -> list[Lease]:
+        return [lease for lease in self.holders() if client in lease.clients]
+
+    def _cutoff(self, lease: Lease) -> int:
+        base = lease.revoked_ns if lease.revoked_ns is not None else lease.deadline_ns
+        return base + self.overrun_ns
+
+    def _revoke(self, lease: Lease, now: int, reason: str) -> list[Effect]:
+        if lease.revoked_ns is not None:
+            return []
+        lease.revoked_ns = now
+        self.stats.revocations += 1
+        return [Revoke(c, self.index, lease.id, reason) for c in sorted(lease.clients)]
+
+    def _drop_holder(self, lease: Lease, client: int, now: int) -> list[Effect]:
+        lease.clients.discard(client)
+        if not lease.clients:
+            self._end_lease(lease, now)
+        return []
+
+    def _weight_for_vtime(self, inst: InstanceState) -> int:
+        if self.settings.policy == PREEMPTIVE:
+            return 1
+        return max(inst.weight, 1)
+
+    def _end_lease(self, lease: Lease, now: int) -> None:
+        self._accrue_hp(now)
+        held = max(0, now - lease.granted_ns)
+        inst = lease.inst
+        inst.held_ns += held
+        if now > lease.deadline_ns:
+            self.stats.late_releases += 1
+        if lease is self.lease:
+            self.lease = None
+        else:
+            self.native = {c: x for c, x in self.native.items() if x is not lease}
+        lease.clients.clear()
+        charged = max(0, held - lease.prepaid_ns)
+        inst.vruntime += charged * VR_SCALE // self._weight_for_vtime(inst)
+        if lease.highprio:
+            self._hp_credit = min(self._hp_credit - 100 * held, self._hp_cap())
+        if lease.ring:
+            inst.debt_ns += max(0, now - lease.deadline_ns)
+            if now >= lease.deadline_ns and self._ring and not self._ring_dirty:
+                self._ring_start((self._seg_idx + 1) % len(self._ring), now)
+        if self.lease is None and not self.native and self._busy_since is not None:
+            self.stats.busy_ns += now - self._busy_since
+            self._busy_since = None
+        self._update_min_vr(inst)
+
+    def _update_min_vr(self, current: InstanceState | None = None) -> None:
+        """Move ``min_vr`` forward to the least vruntime among instances with demand.
+
+        ``current`` (the instance whose lease just ended) counts as having demand, as
+        CFS counts ``curr``: it usually asks again at once and must not be placed as
+        a newcomer.
+        """
+        holding = {lease.inst for lease in self.holders()}
+        active = [
+            i.vruntime
+            for i in self.instances.values()
+            if i.weight > 0
+            and (i.waiters or i in holding or i is current or self.settings.policy == WEIGHTED)
+        ]
+        if active:
+            self.min_vr = max(self.min_vr, min(active))
+
+    def _grant(
+        self,
+        inst: InstanceState,
+        now: int,
+        deadline: int,
+        *,
+        highprio: bool = False,
+        ring: bool = False,
+        prepaid: int = 0,
+    ) -> list[Effect]:
+        lease = Lease(
+            next(self._lease_ids), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid
+        )
+        effects: list[Effect] = [
+            Grant(c, self.index, lease.id, deadline, now - t) for c, t in sorted(inst.waiters.items())
+        ]
+        inst.waiters.clear()
+        inst.grants += 1
+        self.stats.grants += 1
+        self.lease = lease
+        if self._busy_since is None:
+            self._busy_since = now
+        return effects
+
+    def _schedule(self, now: int) -> list[Effect]:
+        """Hand the GPU to whoever should have it now."""
+        if self.settings.policy == NATIVE:
+            return self._schedule_native(now)
+        if self.native:
+            return []  # draining leases granted under policy 5
+        self._accrue_hp(now)
+        lease = self.lease
+        if lease is not None:
+            if not lease.highprio and self._hp_candidate() is not None and self._hp_ready(now):
+                return self._revoke(lease, now, "highprio")
+            return []
+        hp = self._hp_candidate()
+        if hp is not None and self._hp_ready(now):
+            r = self.settings.prio_ratio
+            length = min(self._hp_credit // (100 - r), hp.weight * self.slice_ns)
+            return self._grant(hp, now, now + max(length, 1), highprio=True)
+        policy = self.settings.policy
+        if policy in RING_POLICIES:
+            return self._schedule_ring(now)
+        if policy == WEIGHTED:
+            return self._schedule_weighted(now)
+        return self._schedule_conserving(now)
+
+    def _schedule_native(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for inst in self.instances.values():
+            if inst.weight == 0:
+                continue
+            for client, t in sorted(inst.waiters.items()):
+                lease = Lease(next(self._lease_ids), inst, {client}, now, now + 1000 * NS_PER_MS)
+                self.native[client] = lease
+                inst.grants += 1
+                self.stats.grants += 1
+                effects.append(Grant(client, self.index, lease.id, lease.deadline_ns, now - t))
+            inst.waiters.clear()
+        if self.native and self._busy_since is None:
+            self._busy_since = now
+        return effects
+
+    def _normal_members(self) -> list[InstanceState]:
+        return [i for i in self.instances.values() if i.weight > 0 and not i.highprio]
+
+    def _pick(self, candidates: list[InstanceState]) -> InstanceState | None:
+        if not candidates:
+            return None
+        return min(candidates, key=lambda i: (i.vruntime, i.order))
+
+    def _schedule_conserving(self, now: int) -> list[Effect]:
+        members = self._normal_members()
+        inst = self._pick([i for i in members if i.waiters])
+        if inst is None:  # leftover time goes to high-priority instances past their cap
+            inst = self._pick([i for i in self.instances.values() if i.weight > 0 and i.waiters])
+        if inst is None:
+            return []
+        w = 1 if self.settings.policy == PREEMPTIVE else inst.weight
+        return self._grant(inst, now, now + w * self.slice_ns)
+
+    def _schedule_weighted(self, now: int) -> list[Effect]:
+        if self._turn is not None:
+            owner, end = self._turn
+            if now < end:
+                if owner.waiters:
+                    self._turn = None
+                    return self._grant(owner, now, end, prepaid=end - now)
+                return []
+            self._turn = None
+        members = self._normal_members()
+        if not any(i.waiters for i in members):
+            return []
+        inst = self._pick(members)
+        assert inst is not None
+        length = inst.weight * self.slice_ns
+        if inst.waiters:
+            return self._grant(inst, now, now + length)
+        inst.vruntime += length * VR_SCALE // inst.weight
+        self._turn = (inst, now + length)
+        self._update_min_vr()
+        return []
+
+    # fixed ring (policies 0 and 3)
+    def _ring_rebuild(self, now: int) -> None:
+        old_owner = self._ring[self._seg_idx][0] if self._ring else None
+        segs: list[tuple[InstanceState | None, int]] = []
+        used = 0
+        for inst in sorted(self._normal_members(), key=lambda i: i.order):
+            n = 1 if self.settings.policy == FIXED else inst.weight
+            if used + n > self.settings.max_inst:
+                break
+            segs.append((inst, n * self.slice_ns))
+            used += n
+        if used < self.settings.max_inst:
+            segs.append((None, (self.settings.max_inst - used) * self.slice_ns))
+        self._ring = segs
+        self._ring_dirty = False
+        owners = [s[0] for s in segs]
+        if old_owner is not None and old_owner in owners and self._seg_end > now:
+            self._seg_idx = owners.index(old_owner)
+        else:
+            self._ring_start(0, now)
+
+    def _ring_start(self, idx: int, start: int) -> None:
+        for _ in range(len(self._ring)):
+            owner, length = self._ring[idx]
+            if owner is not None and owner.debt_ns >= length:
+                owner.debt_ns -= length
+                idx = (idx + 1) % len(self._ring)
+                continue
+            if owner is not None:
+                length -= owner.debt_ns
+                owner.debt_ns = 0
+            self._seg_idx, self._seg_end = idx, start + length
+            return
+        self._seg_idx, self._seg_end = idx, start + self._ring[idx][1]
+
+    def _schedule_ring(self, now: int) -> list[Effect]:
+        if self._ring_dirty:
+            self._ring_rebuild(now)
+        round_ns = self.settings.max_inst * self.slice_ns
+        if now - self._seg_end > 2 * round_ns:  # skip whole idle rounds at once
+            rounds = (now - self._seg_end) // round_ns - 1
+            self._seg_end += rounds * round_ns
+            for owner, length in self._ring:
+                if owner is not None:
+                    owner.debt_ns = max(0, owner.debt_ns - rounds * length)
+        while now >= self._seg_end:
+            self._ring_start((self._seg_idx + 1) % len(self._ring), self._seg_end)
+        owner = self._ring[self._seg_idx][0]
+        if owner is not None and owner.waiters:
+            return self._grant(owner, now, self._seg_end, ring=True)
+        return []
+
+    # high priority credit
+    def _hp_cap(self) -> int:
+        # Two slices' worth of banked credit: over any window W a high-priority
+        # instance gets at most prio_ratio % of W plus two slices.
+        return (100 - self.settings.prio_ratio) * 2 * self.slice_ns
+
+    def _accrue_hp(self, now: int) -> None:
+        dt = now - self._hp_t
+        if dt <= 0:
+            return
+        self._hp_t = now
+        self._hp_credit += self.settings.prio_ratio * dt
+        if self.lease is None or not self.lease.highprio:
+            self._hp_credit = min(self._hp_credit, self._hp_cap())
+
+    def _hp_threshold(self) -> int:
+        return (100 - self.settings.prio_ratio) * self.slice_ns
+
+    def _hp_candidate(self) -> InstanceState | None:
+        return self._pick([i for i in self.instances.values() if i.highprio and i.weight > 0 and i.waiters])
+
+    def _hp_waiting(self) -> bool:
+        return self._hp_candidate() is not None
+
+    def _hp_ready(self, now: int) -> bool:
+        self._accrue_hp(now)
+        return self._hp_credit >= self._hp_threshold()
+
+    def _hp_ready_at(self) -> int:
+        missing = self._hp_threshold() - self._hp_credit
+        if missing <= 0:
+            return self._hp_t
+        r = self.settings.prio_ratio
+        return self._hp_t + -(-missing // r)

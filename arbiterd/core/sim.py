@@ -1,0 +1,328 @@
+"""Discrete-event simulator that drives a :class:`GpuScheduler` on a virtual clock.
+
+How this works
+--------------
+Each simulated client behaves like ``libcgpu_client``'s gate: before an
+operation it checks its lease (valid -> run the op; expired or revoked ->
+release with the time used, then acquire again); a client with no work gives
+its lease back after ``idle_release_ns``; a revoke is honoured at the next
+operation boundary. Operations run for their full length once started, so an
+op that starts just before the deadline overruns it, as on a real GPU.
+
+Workloads: busy (back-to-back ops), idle (never asks), bursty (on/off periods
+with back-to-back ops while on) and any fixed op length, including ops longer
+than a slice. :func:`fluid_shares` gives the ideal share of each instance for
+a set of active instances; :meth:`Simulation.run` integrates it over the run to
+get the target that the measured share is compared with.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.scheduler import (
+    FIXED,
+    FIXED_CORE,
+    NATIVE,
+    PREEMPTIVE,
+    WEAK,
+    WEIGHTED,
+    GpuScheduler,
+    GpuSettings,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """When an instance has work, and how long each operation runs."""
+
+    op_ns: int = NS_PER_MS
+    on_ns: int | None = None  # None: always on
+    off_ns: int = 0
+    phase_ns: int = 0
+    idle: bool = False
+
+    def active(self, t: int) -> bool:
+        if self.idle:
+            return False
+        if self.on_ns is None:
+            return True
+        period = self.on_ns + self.off_ns
+        return (t + self.phase_ns) % period < self.on_ns
+
+    def next_on(self, t: int) -> int | None:
+        if self.idle:
+            return None
+        if self.on_ns is None or self.active(t):
+            return t
+        period = self.on_ns + self.off_ns
+        return t + period - (t + self.phase_ns) % period
+
+
+def busy(op_ms: float = 1.0) -> Workload:
+    return Workload(op_ns=int(op_ms * NS_PER_MS))
+
+
+def idle() -> Workload:
+    return Workload(idle=True)
+
+
+def bursty(op_ms: float, on_ms: float, off_ms: float, phase_ms: float = 0.0) -> Workload:
+    return Workload(
+        op_ns=int(op_ms * NS_PER_MS),
+        on_ns=int(on_ms * NS_PER_MS),
+        off_ns=int(off_ms * NS_PER_MS),
+        phase_ns=int(phase_ms * NS_PER_MS),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimInstance:
+    name: str
+    weight: int = 1
+    highprio: bool = False
+    workload: Workload = field(default_factory=busy)
+    clients: int = 1
+
+
+def fluid_shares(
+    settings: GpuSettings, insts: list[SimInstance], active: set[str]
+) -> dict[str, float]:
+    """The ideal share of GPU time of each instance while ``active`` have demand."""
+    out = {i.name: 0.0 for i in insts}
+    live = [i for i in insts if i.weight > 0]
+    if settings.policy == NATIVE:
+        for i in live:
+            out[i.name] = 1.0 if i.name in active else 0.0
+        return out
+    hp = [i for i in live if i.highprio and i.name in active]
+    normal = [i for i in live if not i.highprio]
+    act = [i for i in normal if i.name in active]
+    conserving = settings.policy in (PREEMPTIVE, WEAK)
+    r = settings.prio_ratio / 100 if hp else 0.0
+    if hp and conserving and not act:
+        r = 1.0
+    for i in hp:
+        out[i.name] = r * i.weight / sum(h.weight for h in hp)
+    rest = 1.0 - r
+    policy = settings.policy
+    for i in act:
+        if policy == PREEMPTIVE:
+            out[i.name] = rest / len(act)
+        elif policy == WEAK:
+            out[i.name] = rest * i.weight / sum(a.weight for a in act)
+        elif policy == WEIGHTED:
+            out[i.name] = rest * i.weight / sum(n.weight for n in normal)
+        elif policy == FIXED:
+            out[i.name] = rest / settings.max_inst
+        elif policy == FIXED_CORE:
+            out[i.name] = rest * i.weight / settings.max_inst
+    return out
+
+
+@dataclass(slots=True)
+class InstanceResult:
+    name: str
+    target: float
+    share: float
+    held_share: float
+    grants: int
+    max_wait_ns: int
+
+
+@dataclass(slots=True)
+class SimResult:
+    duration_ns: int
+    instances: dict[str, InstanceResult]
+    idle_share: float
+    idle_target: float
+    max_holders: int
+    overruns: int
+    revocations: int
+
+    def max_error_pp(self) -> float:
+        errs = [abs(r.share - r.target) * 100 for r in self.instances.values()]
+        if all(r.target < 1.0 for r in self.instances.values()):
+            errs.append(abs(self.idle_share - self.idle_target) * 100)
+        return max(errs)
+
+
+@dataclass(slots=True, eq=False)
+class _Client:
+    cid: int
+    inst: SimInstance
+    lease: int | None = None
+    deadline: int = 0
+    revoked: bool = False
+    waiting_since: int | None = None
+    op_end: int | None = None
+    last_active: int = 0
+    idle_token: int = 0
+
+
+class Simulation:
+    """Run instances with workload models against one GPU's scheduler."""
+
+    def __init__(
+        self,
+        settings: GpuSettings,
+        instances: list[SimInstance],
+        idle_release_ns: int = 2 * NS_PER_MS,
+        trace: bool = False,
+    ) -> None:
+        self.sched = GpuScheduler(0, settings, now=0)
+        self.instances = instances
+        self.idle_release_ns = idle_release_ns
+        self.now = 0
+        self._heap: list[tuple[int, int, str, int]] = []
+        self._seq = itertools.count()
+        self._ticks: set[int] = set()
+        self.clients: dict[int, _Client] = {}
+        self.op_ns: dict[str, int] = {i.name: 0 for i in instances}
+        self.max_wait: dict[str, int] = {i.name: 0 for i in instances}
+        self.max_holders = 0
+        self.trace = trace
+        self.events: list[tuple[int, str, str]] = []
+        self._horizon = 0
+        ids = itertools.count(1)
+        for inst in instances:
+            self.sched.add_instance(inst.name, inst.weight, inst.highprio, 0)
+            for _ in range(inst.clients):
+                c = _Client(next(ids), inst)
+                self.clients[c.cid] = c
+
+    # event plumbing
+    def _push(self, t: int, kind: str, cid: int = 0) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, cid))
+
+    def _arm_tick(self) -> None:
+        t = self.sched.next_wakeup()
+        if t is not None and t not in self._ticks:
+            self._ticks.add(t)
+            self._push(max(t, self.now), "tick")
+
+    def _apply(self, effects: list[Effect]) -> None:
+        pending = list(effects)
+        while pending:
+            eff = pending.pop(0)
+            c = self.clients[eff.client]
+            if isinstance(eff, Grant):
+                c.lease, c.deadline, c.revoked = eff.lease, eff.deadline_ns, False
+                if c.waiting_since is not None:
+                    wait = self.now - c.waiting_since
+                    self.max_wait[c.inst.name] = max(self.max_wait[c.inst.name], wait)
+                c.waiting_since = None
+                if self.trace:
+                    self.events.append((self.now, c.inst.name, "grant"))
+                pending += self._work(c)
+            elif isinstance(eff, Revoke) and eff.lease == c.lease:
+                c.revoked = True
+                if c.op_end is None:
+                    pending += self._work(c)
+        holders = len(self.sched.holders())
+        self.max_holders = max(self.max_holders, holders)
+        if self.sched.settings.policy != NATIVE:
+            assert holders <= 1, f"two holders at {self.now}"
+
+    def _release(self, c: _Client, again: bool = False) -> list[Effect]:
+        if c.lease is None:
+            return []
+        lease, c.lease = c.lease, None
+        if again:
+            c.waiting_since = self.now
+        effects, _ = self.sched.release(c.cid, lease, self.now, again=again)
+        return effects
+
+    def _work(self, c: _Client) -> list[Effect]:
+        """The gate: what client ``c`` does when it is free to start an op."""
+        if c.op_end is not None or c.waiting_since is not None:
+            return []
+        wl = c.inst.workload
+        if not wl.active(self.now):
+            if c.lease is not None and (c.revoked or self.now >= c.deadline):
+                return self._release(c)
+            if c.lease is not None:
+                c.idle_token += 1
+                self._push(self.now + self.idle_release_ns, "idle", c.cid)
+            nxt = wl.next_on(self.now)
+            if nxt is not None:
+                self._push(nxt, "wake", c.cid)
+            return []
+        if c.lease is not None and not c.revoked and self.now < c.deadline:
+            c.op_end = self.now + wl.op_ns
+            self._push(c.op_end, "op", c.cid)
+            return []
+        if c.lease is not None:
+            return self._release(c, again=True)
+        c.waiting_since = self.now
+        return self.sched.acquire(c.inst.name, c.cid, self.now)
+
+    def run(self, duration_ns: int, warmup_ns: int = 0) -> SimResult:
+        self._horizon = duration_ns
+        for c in self.clients.values():
+            self._push(0, "wake", c.cid)
+        while self._heap and self._heap[0][0] <= duration_ns:
+            t, _, kind, cid = heapq.heappop(self._heap)
+            self.now = t
+            if kind == "tick":
+                self._ticks.discard(t)
+                self._apply(self.sched.tick(t))
+            else:
+                c = self.clients[cid]
+                if kind == "op":
+                    if c.op_end != t:
+                        continue
+                    start = t - c.inst.workload.op_ns
+                    self.op_ns[c.inst.name] += t - max(start, warmup_ns) if t > warmup_ns else 0
+                    c.op_end = None
+                    c.last_active = t
+                    self._apply(self._work(c))
+                elif kind == "wake":
+                    self._apply(self._work(c))
+                elif kind == "idle":
+                    active = c.inst.workload.active(t)
+                    if c.op_end is None and not active and t - c.last_active >= self.idle_release_ns:
+                        self._apply(self._release(c))
+            self._arm_tick()
+        self.now = duration_ns
+        for c in self.clients.values():  # count the part of running ops inside the window
+            if c.op_end is not None and c.op_end > duration_ns:
+                start = max(c.op_end - c.inst.workload.op_ns, warmup_ns)
+                self.op_ns[c.inst.name] += max(0, duration_ns - start)
+        return self._result(duration_ns, warmup_ns)
+
+    def _result(self, duration_ns: int, warmup_ns: int) -> SimResult:
+        window = duration_ns - warmup_ns
+        targets = {i.name: 0.0 for i in self.instances}
+        step = NS_PER_MS
+        steps = 0
+        for t in range(warmup_ns, duration_ns, step):
+            active = {i.name for i in self.instances if i.workload.active(t)}
+            for name, share in fluid_shares(self.sched.settings, self.instances, active).items():
+                targets[name] += share
+            steps += 1
+        out: dict[str, InstanceResult] = {}
+        for i in self.instances:
+            st = self.sched.instances[i.name]
+            out[i.name] = InstanceResult(
+                name=i.name,
+                target=targets[i.name] / steps,
+                share=self.op_ns[i.name] / window,
+                held_share=self.sched.held_ns(i.name, duration_ns) / duration_ns,
+                grants=st.grants,
+                max_wait_ns=self.max_wait[i.name],
+            )
+        used = sum(r.share for r in out.values())
+        target_used = sum(r.target for r in out.values())
+        return SimResult(
+            duration_ns=duration_ns,
+            instances=out,
+            idle_share=max(0.0, 1.0 - used),
+            idle_target=max(0.0, 1.0 - target_used),
+            max_holders=self.max_holders,
+            overruns=self.sched.stats.overruns,
+            revocations=self.sched.stats.revocations,
+        )
