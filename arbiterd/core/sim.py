@@ -242,15 +242,16 @@ class Simulation:
             return []
         wl = c.inst.workload
         if not wl.active(self.now):
+            effects: list[Effect] = []
             if c.lease is not None and (c.revoked or self.now >= c.deadline):
-                return self._release(c)
-            if c.lease is not None:
+                effects = self._release(c)
+            elif c.lease is not None:
                 c.idle_token += 1
                 self._push(self.now + self.idle_release_ns, "idle", c.cid)
             nxt = wl.next_on(self.now)
             if nxt is not None:
                 self._push(nxt, "wake", c.cid)
-            return []
+            return effects
         if c.lease is not None and not c.revoked and self.now < c.deadline:
             c.op_end = self.now + wl.op_ns
             self._push(c.op_end, "op", c.cid)

@@ -1,0 +1,5 @@
+import sys
+
+from arbiterd.main import main
+
+sys.exit(main())

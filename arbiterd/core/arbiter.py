@@ -1,0 +1,337 @@
+"""The node's arbiter: every GPU's scheduler, instance records, clients and memory.
+
+How this works
+--------------
+An *instance record* is one container's settings on one GPU (weight,
+highprio, memsize). It comes into being in one of two ways:
+
+* **provisioned** through ``inst_ctl`` by a trusted party (a runtime hook, a
+  device plugin, an operator) before the container's first client connects;
+* **on first registration** of a client, from the settings the client states
+  (its environment), but only while ``trust_client_env`` is on; otherwise
+  from the defaults.
+
+Provisioned settings always win, and once a record exists later clients of
+the same instance join it: a client can never change settings through the
+client socket. A record without clients lingers for ``linger_ns`` (so that a
+client that reconnects after a daemon restart finds its settings) and is then
+dropped unless it was provisioned.
+
+Like the schedulers, the arbiter does no I/O: every call takes ``now`` and
+returns effects.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from arbiterd.core.effects import NS_PER_S, Effect
+from arbiterd.core.errors import IdentityError, NotFoundError, SettingError
+from arbiterd.core.memory import MemDecision, MemoryLedger
+from arbiterd.core.scheduler import GpuScheduler, GpuSettings, check_range
+
+log = logging.getLogger("arbiterd.core")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    total_mem: int
+    simulated: bool = False
+
+
+@dataclass(slots=True)
+class InstanceSettings:
+    weight: int = 1
+    highprio: bool = False
+    memsize: int = 0  # 0: the default_memsize, or the whole device
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    name: str
+    gpu: int
+    memsize: int
+    provisioned: bool = False
+    clients: set[int] = field(default_factory=set)
+    idle_since: int | None = None
+    ledger: MemoryLedger = field(default_factory=lambda: MemoryLedger(0))
+
+
+@dataclass(slots=True)
+class ClientInfo:
+    cid: int
+    pid: int
+    uid: int
+    instance: str | None = None
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    instance: str
+    gpus: list[dict[str, object]]
+    warnings: list[str]
+
+
+@dataclass(slots=True)
+class ArbiterConfig:
+    trust_client_env: bool = True
+    default_memsize: int = 0
+    linger_ns: int = 60 * NS_PER_S
+
+
+class Arbiter:
+    """All GPUs of the node. The asyncio server is a thin shell around this."""
+
+    def __init__(
+        self,
+        gpus: list[GpuInfo],
+        config: ArbiterConfig | None = None,
+        gpu_settings: dict[int, GpuSettings] | None = None,
+        now: int = 0,
+    ) -> None:
+        self.config = config if config is not None else ArbiterConfig()
+        self.gpus = {g.index: g for g in gpus}
+        settings = gpu_settings or {}
+        self.scheds = {
+            g.index: GpuScheduler(g.index, settings.get(g.index, GpuSettings()), now) for g in gpus
+        }
+        self.records: dict[tuple[int, str], InstanceRecord] = {}
+        self.clients: dict[int, ClientInfo] = {}
+        self.upgrade = 0
+
+    # ------------------------------------------------------------ lookups
+    def sched(self, gpu: int) -> GpuScheduler:
+        try:
+            return self.scheds[gpu]
+        except KeyError:
+            raise NotFoundError(f"no GPU {gpu}") from None
+
+    def record(self, gpu: int, name: str) -> InstanceRecord:
+        try:
+            return self.records[(gpu, name)]
+        except KeyError:
+            raise NotFoundError(f"no instance {name} on GPU {gpu}") from None
+
+    def client(self, cid: int) -> ClientInfo:
+        try:
+            return self.clients[cid]
+        except KeyError:
+            raise NotFoundError(f"unknown client {cid}") from None
+
+    def mem_limit(self, rec: InstanceRecord) -> int:
+        total = self.gpus[rec.gpu].total_mem
+        size = rec.memsize or self.config.default_memsize
+        return min(size, total) if size > 0 else total
+
+    def instances_on(self, gpu: int) -> list[InstanceRecord]:
+        return sorted(
+            (r for (g, _), r in self.records.items() if g == gpu),
+            key=lambda r: self.scheds[gpu].instances[r.name].order,
+        )
+
+    # ----------------------------------------------------- instance records
+    def create_instance(
+        self, gpu: int, name: str, s: InstanceSettings, now: int, *, provisioned: bool
+    ) -> tuple[InstanceRecord, list[Effect], list[str]]:
+        """Create the record of ``name`` on ``gpu``, clamping the weight to what is free."""
+        sched = self.sched(gpu)
+        if s.memsize < 0:
+            raise SettingError(f"memsize: {s.memsize} is negative")
+        warnings: list[str] = []
+        weight = min(s.weight, sched.free_weight)
+        if weight < s.weight:
+            msg = (
+                f"GPU {gpu} instance {name}: weight {s.weight} requested but only "
+                f"{sched.free_weight} free; registered with weight {weight}"
+                + (" and it gets no GPU time" if weight == 0 else "")
+            )
+            log.warning("%s", msg)
+            warnings.append(msg)
+        effects = sched.add_instance(name, weight, s.highprio, now)
+        rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now)
+        self.records[(gpu, name)] = rec
+        rec.ledger.limit = self.mem_limit(rec)
+        return rec, effects, warnings
+
+    def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int) -> list[Effect]:
+        """``inst_ctl create``: trusted settings that win over a client's environment."""
+        for gpu in gpus:
+            sched = self.sched(gpu)
+            check_range("weight", s.weight, 1, sched.settings.max_inst)
+            check_range("highprio", int(s.highprio), 0, 1)
+            rec = self.records.get((gpu, name))
+            room = sched.free_weight + (sched.instances[name].weight if rec else 0)
+            if s.weight > room:
+                raise SettingError(f"weight {s.weight} exceeds free_weight {room} on GPU {gpu}")
+        effects: list[Effect] = []
+        for gpu in gpus:
+            rec = self.records.get((gpu, name))
+            if rec is None:
+                _, eff, _ = self.create_instance(gpu, name, s, now, provisioned=True)
+                effects += eff
+            else:
+                sched = self.scheds[gpu]
+                if sched.instances[name].weight != s.weight:
+                    effects += sched.set_weight(name, s.weight, now)
+                effects += sched.set_highprio(name, int(s.highprio), now)
+                rec.memsize = s.memsize
+                rec.ledger.limit = self.mem_limit(rec)
+                rec.provisioned = True
+        return effects
+
+    def unprovision(self, name: str, gpus: list[int] | None, now: int) -> list[Effect]:
+        """``inst_ctl remove``: drop the records of ``name`` (refused while clients use it)."""
+        targets = [r for (g, n), r in self.records.items() if n == name and (gpus is None or g in gpus)]
+        if not targets:
+            raise NotFoundError(f"no instance {name}")
+        busy = [r for r in targets if r.clients]
+        if busy:
+            raise SettingError(
+                f"instance {name} has {len(busy[0].clients)} connected client(s) on GPU {busy[0].gpu}"
+            )
+        effects: list[Effect] = []
+        for rec in targets:
+            effects += self.scheds[rec.gpu].remove_instance(name, now)
+            del self.records[(rec.gpu, name)]
+        return effects
+
+    def set_memsize(self, gpu: int, name: str, memsize: int) -> None:
+        rec = self.record(gpu, name)
+        if memsize < 0:
+            raise SettingError(f"memsize: {memsize} is negative")
+        total = self.gpus[gpu].total_mem
+        if memsize > total:
+            raise SettingError(f"memsize: {memsize} exceeds GPU {gpu} total memory {total}")
+        rec.memsize = memsize
+        rec.ledger.limit = self.mem_limit(rec)
+
+    def set_default_memsize(self, memsize: int) -> None:
+        if memsize < 0:
+            raise SettingError(f"default_memsize: {memsize} is negative")
+        self.config.default_memsize = memsize
+        for rec in self.records.values():
+            rec.ledger.limit = self.mem_limit(rec)
+
+    # ------------------------------------------------------------- clients
+    def connect(self, cid: int, pid: int, uid: int) -> None:
+        self.clients[cid] = ClientInfo(cid, pid, uid)
+
+    def register(
+        self,
+        cid: int,
+        instance: str,
+        gpus: list[int],
+        requested: dict[int, InstanceSettings],
+        now: int,
+    ) -> tuple[Registration, list[Effect]]:
+        """Attach client ``cid`` to ``instance`` on ``gpus``; create records as needed."""
+        info = self.client(cid)
+        if info.instance is not None:
+            raise IdentityError(f"client {cid} is already registered as {info.instance}")
+        if not gpus:
+            raise SettingError("register: no GPU requested")
+        for gpu in gpus:
+            self.sched(gpu)
+        effects: list[Effect] = []
+        warnings: list[str] = []
+        out: list[dict[str, object]] = []
+        for gpu in dict.fromkeys(gpus):
+            rec = self.records.get((gpu, instance))
+            if rec is None:
+                want = requested.get(gpu, InstanceSettings())
+                if not self.config.trust_client_env:
+                    want = InstanceSettings()
+                rec, eff, warn = self.create_instance(gpu, instance, want, now, provisioned=False)
+                effects += eff
+                warnings += warn
+                log.info("GPU %d instance %s: registered (weight %d)", gpu, instance,
+                         self.scheds[gpu].instances[instance].weight)
+            rec.clients.add(cid)
+            rec.idle_since = None
+            rec.ledger.pids[cid] = info.pid
+            st = self.scheds[gpu].instances[instance]
+            if st.weight == 0:
+                warnings.append(f"GPU {gpu} instance {instance}: weight 0, no GPU time (free_weight was 0)")
+            g = self.gpus[gpu]
+            out.append({
+                "gpu": gpu, "uuid": g.uuid, "name": g.name, "weight": st.weight,
+                "highprio": int(st.highprio), "mem_limit": self.mem_limit(rec),
+                "total_mem": g.total_mem,
+            })
+        info.instance = instance
+        info.gpus = tuple(dict.fromkeys(gpus))
+        return Registration(instance, out, warnings), effects
+
+    def _registered(self, cid: int, gpu: int) -> InstanceRecord:
+        info = self.client(cid)
+        if info.instance is None:
+            raise IdentityError("register first")
+        if gpu not in info.gpus:
+            raise IdentityError(f"client is not registered on GPU {gpu}")
+        return self.record(gpu, info.instance)
+
+    def acquire(self, cid: int, gpu: int, now: int) -> list[Effect]:
+        rec = self._registered(cid, gpu)
+        return self.scheds[gpu].acquire(rec.name, cid, now)
+
+    def release(
+        self, cid: int, gpu: int, lease: int, now: int, again: bool = False
+    ) -> tuple[list[Effect], bool]:
+        self._registered(cid, gpu)
+        return self.scheds[gpu].release(cid, lease, now, again=again)
+
+    def mem_reserve(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
+        rec = self._registered(cid, gpu)
+        return rec.ledger.reserve(cid, self.clients[cid].pid, nbytes)
+
+    def mem_free(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
+        rec = self._registered(cid, gpu)
+        return rec.ledger.free_bytes(cid, nbytes)
+
+    def disconnect(self, cid: int, now: int) -> list[Effect]:
+        """A client went away: its leases end at once and its memory returns."""
+        info = self.clients.pop(cid, None)
+        if info is None or info.instance is None:
+            return []
+        effects: list[Effect] = []
+        for gpu in info.gpus:
+            effects += self.scheds[gpu].drop_client(cid, now)
+            rec = self.records.get((gpu, info.instance))
+            if rec is None:
+                continue
+            freed = rec.ledger.drop_client(cid)
+            rec.clients.discard(cid)
+            if freed:
+                log.info("GPU %d instance %s: %d bytes returned by pid %d", gpu, rec.name, freed, info.pid)
+            if not rec.clients:
+                rec.idle_since = now
+        return effects
+
+    # --------------------------------------------------------------- time
+    def tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for sched in self.scheds.values():
+            wake = sched.next_wakeup()
+            if wake is not None and wake <= now:
+                effects += sched.tick(now)
+        for (gpu, name), rec in list(self.records.items()):
+            if rec.idle_since is not None and not rec.provisioned and now - rec.idle_since >= self.config.linger_ns:
+                log.info("GPU %d instance %s: no clients for %d s, record dropped", gpu, name,
+                         self.config.linger_ns // NS_PER_S)
+                effects += self.scheds[gpu].remove_instance(name, now)
+                del self.records[(gpu, name)]
+        return effects
+
+    def next_wakeup(self) -> int | None:
+        times = [t for s in self.scheds.values() if (t := s.next_wakeup()) is not None]
+        times += [
+            r.idle_since + self.config.linger_ns
+            for r in self.records.values()
+            if r.idle_since is not None and not r.provisioned
+        ]
+        return min(times) if times else None

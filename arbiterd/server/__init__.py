@@ -1,0 +1,1 @@
+"""asyncio shells around the core: client socket, admin API, metrics, systemd glue."""

@@ -1,0 +1,113 @@
+"""The admin API: the settings tree as plain text, a JSON status document, /metrics.
+
+    GET  /v1/tree/PATH     a file's value, or a folder's listing
+    PUT  /v1/tree/PATH     set a file (the body is the value)
+    GET  /v1/status        JSON status (cgpu-smi reads it)
+    GET  /metrics          Prometheus text format
+
+Refusals answer 4xx with a one-line ``text/plain`` reason and change nothing:
+400 bad value, 403 read-only, 404 unknown path, 409 conflict (weights, clients),
+507 the state could not be saved. On loopback TCP every request needs
+``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from arbiterd.core import tree
+from arbiterd.core.errors import CoreError, NotFoundError, ReadOnlyError, SettingError
+from arbiterd.server.metrics import ArbiterCollector
+
+if TYPE_CHECKING:
+    from arbiterd.server.daemon import Daemon
+
+DAEMON = web.AppKey("daemon", object)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _daemon(request: web.Request) -> Daemon:
+    d = request.app[DAEMON]
+    return d  # type: ignore[return-value]
+
+
+def _text(body: str, status: int = 200) -> web.Response:
+    return web.Response(text=body, status=status, content_type="text/plain")
+
+
+def _refusal(exc: Exception) -> web.Response:
+    reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+    if isinstance(exc, NotFoundError):
+        return _text(reason + "\n", 404)
+    if isinstance(exc, ReadOnlyError):
+        return _text(reason + "\n", 403)
+    if isinstance(exc, SettingError) and ("exceed" in reason or "client" in reason or "below" in reason):
+        return _text(reason + "\n", 409)
+    return _text(reason + "\n", 400)
+
+
+@web.middleware
+async def token_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None and sock.family != socket.AF_UNIX:
+        token = _daemon(request).admin_token or ""
+        given = request.headers.get("Authorization", "")
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return _text("missing or wrong bearer token\n", 401)
+    return await handler(request)
+
+
+async def get_tree(request: web.Request) -> web.Response:
+    d = _daemon(request)
+    try:
+        return _text(tree.read(d.arbiter, request.match_info["path"], time.monotonic_ns()))
+    except CoreError as exc:
+        return _refusal(exc)
+
+
+async def put_tree(request: web.Request) -> web.Response:
+    d = _daemon(request)
+    if request.content_length is not None and request.content_length > 4096:
+        return _text("value too long (4096 bytes at most)\n", 413)
+    try:
+        value = (await request.read()).decode("utf-8")
+    except UnicodeDecodeError:
+        return _text("value is not UTF-8 text\n", 400)
+    try:
+        d.admin_write(request.match_info["path"], value)
+    except CoreError as exc:
+        return _refusal(exc)
+    except OSError as exc:
+        return _text(f"state could not be saved ({exc.strerror}); nothing was changed\n", 507)
+    return _text("ok\n")
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return web.json_response(_daemon(request).status())
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_admin_app(daemon: Daemon) -> web.Application:
+    app = web.Application(middlewares=[token_auth], client_max_size=8192)
+    app[DAEMON] = daemon
+    registry = CollectorRegistry()
+    registry.register(ArbiterCollector(daemon))
+    app[REGISTRY] = registry
+    app.router.add_get(r"/v1/tree{path:(/.*)?}", get_tree)
+    app.router.add_put(r"/v1/tree{path:(/.*)?}", put_tree)
+    app.router.add_get("/v1/status", get_status)
+    app.router.add_get("/metrics", get_metrics)
+    return app

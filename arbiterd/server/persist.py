@@ -1,0 +1,66 @@
+"""The state file: written atomically (temp file, fsync, rename), read at start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("arbiterd.state")
+STATE_FILE = "state.json"
+
+
+class StateStore:
+    def __init__(self, state_dir: str) -> None:
+        self.dir = Path(state_dir)
+        self.path = self.dir / STATE_FILE
+
+    def save(self, doc: dict[str, Any]) -> None:
+        """Write ``doc`` atomically. Raises OSError (nothing half-written) on failure."""
+        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        try:
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            log.warning("state: could not fsync %s: %s", self.dir, exc.strerror)
+
+    def load(self) -> tuple[Any | None, str | None]:
+        """(document, problem). A missing file is (None, None); an unreadable one is set aside."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            return None, f"state file {self.path} cannot be read: {exc.strerror}"
+        try:
+            return json.loads(text), None
+        except ValueError as exc:
+            return None, self.set_aside(f"not valid JSON ({exc})")
+
+    def set_aside(self, why: str) -> str:
+        bad = self.path.with_name(f"{STATE_FILE}.bad-{int(time.time())}")
+        try:
+            os.replace(self.path, bad)
+            return f"state file {self.path} is unusable ({why}); moved to {bad}; starting with defaults"
+        except OSError as exc:
+            return f"state file {self.path} is unusable ({why}) and could not be moved: {exc.strerror}"

@@ -1,0 +1,194 @@
+"""The client <-> daemon wire protocol: msgpack maps over a SOCK_STREAM UNIX socket.
+
+Both ends use this module. Every message is one msgpack map with a string
+``op``; :data:`MESSAGES` lists every op, its direction and its fields, and
+``proto/schema.json`` is the same table for other languages (a test keeps the
+two equal). A frame larger than :data:`MAX_MESSAGE` bytes, a frame that is not
+a map, or a map that breaks its op's field table is a :class:`ProtocolError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+MAX_MESSAGE = 64 * 1024
+
+# field type names: int, str, bool, list[int], list[str], list[int|str], list[map], map, and "|nil"
+Fields = dict[str, tuple[str, bool]]
+
+MESSAGES: dict[str, dict[str, Any]] = {
+    # client -> daemon
+    "hello": {"dir": "c2s", "reply": "welcome", "fields": {
+        "versions": ("list[int]", True), "client": ("str", True), "pid": ("int", False)}},
+    "register": {"dir": "c2s", "reply": "registered", "fields": {
+        "id": ("int", True), "instance": ("str|nil", True), "gpus": ("list[int|str]", True),
+        "weight": ("int", False), "highprio": ("int", False), "memsize": ("list[int]", False)}},
+    "acquire": {"dir": "c2s", "reply": "grant", "fields": {"id": ("int", True), "gpu": ("int", True)}},
+    "release": {"dir": "c2s", "reply": "ok", "fields": {
+        "gpu": ("int", True), "lease": ("int", True), "used_ns": ("int", True),
+        "again": ("bool", False), "id": ("int", False)}},
+    "mem_reserve": {"dir": "c2s", "reply": "ok|denied", "fields": {
+        "id": ("int", True), "gpu": ("int", True), "bytes": ("int", True)}},
+    "mem_free": {"dir": "c2s", "reply": "ok", "fields": {
+        "id": ("int", True), "gpu": ("int", True), "bytes": ("int", True)}},
+    "stats": {"dir": "c2s", "reply": "stats", "fields": {"id": ("int", True)}},
+    "bye": {"dir": "c2s", "reply": None, "fields": {}},
+    # daemon -> client
+    "welcome": {"dir": "s2c", "reply": None, "fields": {
+        "version": ("int", True), "server": ("str", True), "max_message": ("int", True),
+        "clock": ("str", True)}},
+    "registered": {"dir": "s2c", "reply": None, "fields": {
+        "re": ("int", True), "instance": ("str", True), "gpus": ("list[map]", True),
+        "warnings": ("list[str]", True)}},
+    "grant": {"dir": "s2c", "reply": None, "fields": {
+        "gpu": ("int", True), "lease": ("int", True), "deadline_ns": ("int", True),
+        "re": ("int", False)}},
+    "revoke": {"dir": "s2c", "reply": None, "fields": {
+        "gpu": ("int", True), "lease": ("int", True), "reason": ("str", True)}},
+    "ok": {"dir": "s2c", "reply": None, "fields": {
+        "re": ("int", True), "used": ("int", False), "limit": ("int", False)}},
+    "denied": {"dir": "s2c", "reply": None, "fields": {
+        "re": ("int", True), "used": ("int", True), "limit": ("int", True), "reason": ("str", True)}},
+    "error": {"dir": "s2c", "reply": None, "fields": {
+        "re": ("int|nil", False), "code": ("str", True), "message": ("str", True)}},
+}
+# "stats" is both a request and its reply; the reply carries "re" and "gpus".
+STATS_REPLY: Fields = {"re": ("int", True), "gpus": ("list[map]", True)}
+STATS_REQUEST: Fields = {"id": ("int", True)}
+
+ERROR_CODES = ("bad_frame", "too_large", "unknown_op", "bad_request", "version", "identity",
+               "refused", "not_found", "busy")
+
+
+class ProtocolError(Exception):
+    """The peer sent something the protocol does not allow."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _check(tname: str, value: Any) -> bool:
+    if tname.endswith("|nil"):
+        return value is None or _check(tname[:-4], value)
+    if tname == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+    if tname == "str":
+        return isinstance(value, str)
+    if tname == "bool":
+        return isinstance(value, bool)
+    if tname == "map":
+        return isinstance(value, dict)
+    if tname.startswith("list[") and tname.endswith("]"):
+        inner = tname[5:-1]
+        return isinstance(value, list) and all(
+            any(_check(t, v) for t in inner.split("|")) for v in value
+        )
+    raise ValueError(f"unknown field type {tname}")
+
+
+def fields_of(op: str, msg: dict[str, Any], direction: str | None = None) -> Fields:
+    if op == "stats":
+        if direction == "s2c" or (direction is None and "re" in msg):
+            return STATS_REPLY
+        return STATS_REQUEST
+    spec: Fields = MESSAGES[op]["fields"]
+    return spec
+
+
+def validate(msg: Any, direction: str | None = None) -> dict[str, Any]:
+    """Check ``msg`` against its op's field table; return it or raise ProtocolError."""
+    if not isinstance(msg, dict):
+        raise ProtocolError("bad_frame", f"expected a map, got {type(msg).__name__}")
+    op = msg.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("bad_frame", "message has no string 'op'")
+    if op not in MESSAGES:
+        raise ProtocolError("unknown_op", f"unknown op {op[:40]!r}")
+    if direction is not None and op != "stats" and MESSAGES[op]["dir"] != direction:
+        raise ProtocolError("unknown_op", f"op {op!r} is not sent in this direction")
+    spec = fields_of(op, msg, direction)
+    for key, value in msg.items():
+        if key == "op":
+            continue
+        if key not in spec:
+            raise ProtocolError("bad_request", f"{op}: unexpected field {str(key)[:40]!r}")
+        if not _check(spec[key][0], value):
+            raise ProtocolError("bad_request", f"{op}: field {key!r} must be {spec[key][0]}")
+    for key, (_, required) in spec.items():
+        if required and key not in msg:
+            raise ProtocolError("bad_request", f"{op}: missing field {key!r}")
+    return msg
+
+
+def encode(msg: dict[str, Any], direction: str | None = None) -> bytes:
+    """Validate and pack one message."""
+    validate(msg, direction)
+    data: bytes = msgpack.packb(msg, use_bin_type=True)
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError("too_large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE}")
+    return data
+
+
+def pack(msg: dict[str, Any]) -> bytes:
+    """Pack a message known to be valid (hot paths); no validation."""
+    data: bytes = msgpack.packb(msg, use_bin_type=True)
+    return data
+
+
+class Decoder:
+    """Streaming decoder: feed bytes, iterate messages. Raises ProtocolError on bad input."""
+
+    def __init__(self, direction: str | None = None, max_message: int = MAX_MESSAGE) -> None:
+        self.direction = direction
+        self.max_message = max_message
+        self._unpacker = msgpack.Unpacker(
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=2 * max_message,
+            max_str_len=max_message,
+            max_bin_len=max_message,
+            max_array_len=4096,
+            max_map_len=64,
+            max_ext_len=0,
+        )
+        self._fed = 0
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        """Feed ``data`` and yield every complete, valid message in it."""
+        for msg in self.feed_raw(data):
+            yield msg
+
+    def feed_raw(self, data: bytes) -> Iterator[Any]:
+        """Feed ``data`` and yield every complete frame, decoded but not validated."""
+        view = memoryview(data)
+        step = self.max_message
+        for start in range(0, len(view), step):
+            chunk = view[start:start + step]
+            self._fed += len(chunk)
+            try:
+                self._unpacker.feed(chunk)
+            except msgpack.BufferFull:
+                raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+            yield from self._drain()
+
+    def _drain(self) -> Iterator[dict[str, Any]]:
+        while True:
+            try:
+                msg = self._unpacker.unpack()
+            except msgpack.OutOfData:
+                if self._fed - self._unpacker.tell() > self.max_message:
+                    raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+                return
+            except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                    TypeError, UnicodeDecodeError) as exc:
+                if "exceeds" in str(exc):
+                    raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
+                raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
+            yield msg
