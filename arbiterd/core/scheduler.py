@@ -16,8 +16,10 @@ length.
 * Policies 1, 2 and 4 pick the next holder by weighted virtual time, like
   Linux CFS: holding for ``t`` ns adds ``t * VR_SCALE / weight`` to the
   instance's ``vruntime``, and the smallest ``vruntime`` goes next. An
-  instance that comes back from idle is placed at the GPU's ``min_vr``, which
-  only moves forward, so it cannot bank credit. Policy 1 treats every weight
+  instance that comes back from idle joins at the tail of the current round
+  (the largest ``vruntime`` among instances with demand, and never below the
+  GPU's ``min_vr``, which only moves forward), so it cannot bank credit and
+  nobody waits more than one round. Policy 1 treats every weight
   as 1; policy 2 also walks instances without demand, whose turns pass with
   the GPU idle (their ``vruntime`` is charged for the idle turn).
 * Policies 0 and 3 are a fixed ring of ``max_inst`` slots turned by the clock.
@@ -30,6 +32,10 @@ length.
   slice they preempt a normal holder by revoke. Under the work-conserving
   policies (1, 4) a high-priority instance out of credit may still use time
   that no normal instance wants.
+* Time held past a lease's deadline (an op that outlasted the slice) is the
+  instance's *debt*: it is charged, and paid by shortening (or skipping) the
+  instance's next turn, so turns keep their order and nobody waits more than
+  one round while the long-run shares stay exact.
 * A holder still holding ``overrun_ns`` after its deadline (or after a
   revoke) is cut off: its lease is ended, charged up to that moment, and
   counted in ``stats.overruns``.
@@ -192,7 +198,8 @@ class GpuScheduler:
             raise SettingError(
                 f"weight {weight} exceeds free_weight {self.free_weight} on GPU {self.index}"
             )
-        inst = InstanceState(name, weight, bool(highprio), next(self._order), vruntime=self.min_vr)
+        inst = InstanceState(name, weight, bool(highprio), next(self._order))
+        self._place(inst)
         self.instances[name] = inst
         self._ring_dirty = True
         if weight > 1 and self.settings.policy == PREEMPTIVE:
@@ -307,7 +314,7 @@ class GpuScheduler:
             lease.clients.add(client)
             return effects + [Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
         if not inst.waiters and not any(h.inst is inst for h in self.holders()):
-            inst.vruntime = max(inst.vruntime, self.min_vr)
+            self._place(inst)
         inst.waiters.setdefault(client, now)
         return effects + self._schedule(now)
 
@@ -320,14 +327,14 @@ class GpuScheduler:
         step, so the choice of the next holder sees its demand (a renew).
         """
         current = False
+        if again:  # queued first, so the renewing instance still counts as having demand
+            inst = self._client_inst.get(client)
+            if inst is not None:
+                inst.waiters.setdefault(client, now)
         for lease in self._leases_of(client):
             if lease.id == lease_id:
                 self._drop_holder(lease, client, now)
                 current = True
-        if again:
-            inst = self._client_inst.get(client)
-            if inst is not None:
-                inst.waiters.setdefault(client, now)
         if not current and not again:
             return [], False
         return self._schedule(now), current
@@ -416,32 +423,55 @@ class GpuScheduler:
         else:
             self.native = {c: x for c, x in self.native.items() if x is not lease}
         lease.clients.clear()
-        charged = max(0, held - lease.prepaid_ns)
+        overrun = max(0, now - lease.deadline_ns)
+        if lease.highprio or lease.ring:
+            charged = max(0, held - lease.prepaid_ns)
+        elif self.settings.policy == WEIGHTED and now < lease.deadline_ns and not self.native:
+            # policy 2: the owner keeps its turn; the rest passes idle unless it comes back
+            charged = max(0, lease.deadline_ns - lease.granted_ns - lease.prepaid_ns)
+            self._turn = (inst, lease.deadline_ns)
+        else:
+            # the overrun becomes debt, paid by shortening the next lease: turns stay in order
+            charged = max(0, held - overrun - lease.prepaid_ns)
+            inst.debt_ns += overrun
         inst.vruntime += charged * VR_SCALE // self._weight_for_vtime(inst)
         if lease.highprio:
             self._hp_credit = min(self._hp_credit - 100 * held, self._hp_cap())
         if lease.ring:
-            inst.debt_ns += max(0, now - lease.deadline_ns)
+            inst.debt_ns += overrun
             if now >= lease.deadline_ns and self._ring and not self._ring_dirty:
                 self._ring_start((self._seg_idx + 1) % len(self._ring), now)
         if self.lease is None and not self.native and self._busy_since is not None:
             self.stats.busy_ns += now - self._busy_since
             self._busy_since = None
-        self._update_min_vr(inst)
+        self._update_min_vr()
 
-    def _update_min_vr(self, current: InstanceState | None = None) -> None:
-        """Move ``min_vr`` forward to the least vruntime among instances with demand.
+    def _place(self, inst: InstanceState) -> None:
+        """Put an instance that (re)gains demand at the tail of the current round.
 
-        ``current`` (the instance whose lease just ended) counts as having demand, as
-        CFS counts ``curr``: it usually asks again at once and must not be placed as
-        a newcomer.
+        It joins behind every instance that already has demand, so it waits at most
+        one round, and it cannot bring back credit from before it went idle.
         """
         holding = {lease.inst for lease in self.holders()}
         active = [
             i.vruntime
             for i in self.instances.values()
-            if i.weight > 0
-            and (i.waiters or i in holding or i is current or self.settings.policy == WEIGHTED)
+            if i is not inst and i.weight > 0 and (i.waiters or i in holding)
+        ]
+        inst.vruntime = max([inst.vruntime, self.min_vr, *active])
+
+    def _update_min_vr(self) -> None:
+        """Move ``min_vr`` forward to the least vruntime among instances with demand.
+
+        An instance whose lease just ended without asking again does not count: when
+        it comes back it is placed at the others' level and forfeits the unused rest
+        of its turn (no banking). One that renews keeps its place (``release(again)``).
+        """
+        holding = {lease.inst for lease in self.holders()}
+        active = [
+            i.vruntime
+            for i in self.instances.values()
+            if i.weight > 0 and (i.waiters or i in holding or self.settings.policy == WEIGHTED)
         ]
         if active:
             self.min_vr = max(self.min_vr, min(active))
@@ -520,13 +550,35 @@ class GpuScheduler:
 
     def _schedule_conserving(self, now: int) -> list[Effect]:
         members = self._normal_members()
-        inst = self._pick([i for i in members if i.waiters])
-        if inst is None:  # leftover time goes to high-priority instances past their cap
-            inst = self._pick([i for i in self.instances.values() if i.weight > 0 and i.waiters])
-        if inst is None:
-            return []
-        w = 1 if self.settings.policy == PREEMPTIVE else inst.weight
-        return self._grant(inst, now, now + w * self.slice_ns)
+        candidates = [i for i in members if i.waiters]
+        if not candidates:  # leftover time goes to high-priority instances past their cap
+            candidates = [i for i in self.instances.values() if i.weight > 0 and i.waiters]
+        while candidates:
+            inst = self._pick(candidates)
+            assert inst is not None
+            full = self._turn_ns(inst)
+            length = self._pay_debt(inst, full)
+            if length > 0:
+                return self._grant(inst, now, now + length)
+        return []
+
+    def _turn_ns(self, inst: InstanceState) -> int:
+        """The nominal length of one turn of ``inst``: one slice, or w slices when weighted."""
+        return (1 if self.settings.policy == PREEMPTIVE else inst.weight) * self.slice_ns
+
+    def _pay_debt(self, inst: InstanceState, full: int) -> int:
+        """Length of the lease ``inst`` gets for a turn of ``full`` ns after paying its debt.
+
+        A debt of a whole turn or more skips the turn (charged as used), so 0 is returned.
+        """
+        if inst.debt_ns >= full:
+            inst.debt_ns -= full
+            inst.vruntime += full * VR_SCALE // self._weight_for_vtime(inst)
+            return 0
+        length = full - inst.debt_ns
+        inst.vruntime += inst.debt_ns * VR_SCALE // self._weight_for_vtime(inst)
+        inst.debt_ns = 0
+        return length
 
     def _schedule_weighted(self, now: int) -> list[Effect]:
         if self._turn is not None:
@@ -540,9 +592,13 @@ class GpuScheduler:
         members = self._normal_members()
         if not any(i.waiters for i in members):
             return []
-        inst = self._pick(members)
-        assert inst is not None
-        length = inst.weight * self.slice_ns
+        while True:
+            inst = self._pick(members)
+            assert inst is not None
+            full = self._turn_ns(inst)
+            length = self._pay_debt(inst, full)
+            if length > 0:
+                break
         if inst.waiters:
             return self._grant(inst, now, now + length)
         inst.vruntime += length * VR_SCALE // inst.weight

@@ -1,0 +1,1 @@
+"""Operator command-line tools: cgpuctl and cgpu-smi."""

@@ -1,0 +1,103 @@
+"""A small HTTP client for the admin API, over admin.sock or loopback TCP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+DEFAULT_ADMIN = "/run/cgpu/admin.sock"
+
+
+class Unreachable(Exception):
+    """The daemon's admin API cannot be reached."""
+
+
+class Refused(Exception):
+    """The daemon answered with an error (its one-line reason)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+@dataclass
+class AdminClient:
+    address: str
+    token: str | None = None
+    timeout: float = 10.0
+
+    @classmethod
+    def from_env(cls, address: str | None, token_file: str | None = None) -> AdminClient:
+        addr = address or os.environ.get("CGPU_ADMIN") or DEFAULT_ADMIN
+        token = os.environ.get("CGPU_ADMIN_TOKEN")
+        token_file = token_file or os.environ.get("CGPU_ADMIN_TOKEN_FILE")
+        if token_file:
+            try:
+                with open(token_file) as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise Unreachable(f"cannot read token file {token_file}: {exc.strerror}") from None
+        return cls(addr, token)
+
+    def _conn(self) -> http.client.HTTPConnection:
+        if self.address.startswith("http://"):
+            hostport = self.address[len("http://"):].rstrip("/")
+            return http.client.HTTPConnection(hostport, timeout=self.timeout)
+        return _UnixConnection(self.address, self.timeout)
+
+    def request(self, method: str, path: str, body: str | None = None) -> str:
+        headers = {"Content-Type": "text/plain"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn = self._conn()
+        try:
+            conn.request(method, path, body=body.encode() if body is not None else None, headers=headers)
+            resp = conn.getresponse()
+            text = resp.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as exc:
+            raise Unreachable(f"cannot reach arbiterd at {self.address}: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            raise Refused(resp.status, text.strip().splitlines()[0] if text.strip() else resp.reason)
+        return text
+
+    @staticmethod
+    def tree_path(path: str) -> str:
+        p = path.strip()
+        for prefix in ("/proc/cgpu_km/", "/proc/cgpu_km"):
+            if p.startswith(prefix):
+                p = p[len(prefix):]
+        p = p.strip("/")
+        return "/v1/tree" + ("/" + quote(p) if p else "")
+
+    def get(self, path: str) -> str:
+        return self.request("GET", self.tree_path(path))
+
+    def put(self, path: str, value: str) -> str:
+        return self.request("PUT", self.tree_path(path), value)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.request("GET", "/v1/status"))
+        return doc

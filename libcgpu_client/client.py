@@ -1,0 +1,301 @@
+"""Blocking, thread-safe protocol client with reconnection.
+
+How this works
+--------------
+One socket per process. A reader thread decodes everything the daemon sends:
+replies are matched to requests by ``re``; grants and revokes are routed to
+the per-GPU listener (the :class:`~libcgpu_client.gate.Gate`). When the
+socket breaks the reader thread reconnects with exponential backoff (50 ms up
+to 2 s), says hello and registers again with the same settings, and tells the
+listeners that every lease is gone. Callers that wait for a reply or a grant
+meanwhile keep waiting; the application sees no exception.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from libcgpu_client import __version__, wire
+
+log = logging.getLogger("libcgpu_client")
+
+
+class DaemonError(Exception):
+    """The daemon refused a request (its one-line reason)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class Registration:
+    instance: str
+    gpus: list[dict[str, Any]]
+    warnings: list[str]
+
+
+@dataclass(slots=True)
+class LeaseListener:
+    on_grant: Callable[[int, int], None]  # (lease, deadline_ns)
+    on_revoke: Callable[[int], None]  # (lease)
+    on_reset: Callable[[], None]
+
+
+@dataclass(slots=True)
+class _Waiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    reply: dict[str, Any] | None = None
+
+
+class Client:
+    """A connection to ``arbiterd`` that survives daemon restarts."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        instance: str | None,
+        gpus: list[int | str],
+        weight: int = 1,
+        highprio: bool = False,
+        memsize: list[int] | None = None,
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.register_msg: dict[str, Any] = {"op": "register", "instance": instance, "gpus": list(gpus),
+                                             "weight": weight, "highprio": int(highprio)}
+        if memsize:
+            self.register_msg["memsize"] = list(memsize)
+        self.backoff_max_s = backoff_max_s
+        self.registration: Registration | None = None
+        self.listeners: dict[int, LeaseListener] = {}
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._connected = False
+        self._closing = False
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, _Waiter] = {}
+        self._thread: threading.Thread | None = None
+        self.connects = 0
+        self.on_connected: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, wait_s: float | None = 5.0) -> bool:
+        """Start the reader thread; wait up to ``wait_s`` for the first registration."""
+        self._thread = threading.Thread(target=self._run, name="cgpu-client", daemon=True)
+        self._thread.start()
+        return self.wait_connected(wait_s)
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        with self._state:
+            return self._state.wait_for(lambda: self._connected or self._closing, timeout) and self._connected
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def close(self) -> None:
+        with self._state:
+            self._closing = True
+            self._state.notify_all()
+        sock = self._sock
+        if sock is not None:
+            try:
+                with self._send_lock:
+                    sock.sendall(wire.pack({"op": "bye"}))
+            except OSError:
+                pass
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+
+    # -------------------------------------------------------------- requests
+    def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Send ``msg`` with a fresh id and wait for its reply (across reconnects)."""
+        while True:
+            rid = next(self._ids)
+            waiter = _Waiter()
+            self._waiters[rid] = waiter
+            try:
+                self._send({**msg, "id": rid}, wait=True)
+                if not waiter.event.wait(timeout):
+                    raise TimeoutError(f"no reply to {msg['op']} within {timeout} s")
+            finally:
+                self._waiters.pop(rid, None)
+            reply = waiter.reply
+            if reply is None:  # the connection broke: ask again on the next one
+                continue
+            if reply["op"] == "error":
+                raise DaemonError(reply["code"], reply["message"])
+            return reply
+
+    def send(self, msg: dict[str, Any]) -> bool:
+        """Send without waiting for a reply. False when not connected."""
+        return self._send(msg, wait=False)
+
+    def _send(self, msg: dict[str, Any], wait: bool) -> bool:
+        data = wire.pack(msg)
+        while True:
+            with self._state:
+                if wait:
+                    self._state.wait_for(lambda: self._connected or self._closing)
+                if self._closing:
+                    raise ConnectionError("client is closed")
+                sock = self._sock if self._connected else None
+            if sock is None:
+                return False
+            try:
+                with self._send_lock:
+                    sock.sendall(data)
+                return True
+            except OSError:
+                self._lost(sock)
+                if not wait:
+                    return False
+
+    # ---------------------------------------------------------------- reader
+    def _run(self) -> None:
+        delay = 0.05
+        while not self._closing:
+            try:
+                sock = self._connect()
+            except (OSError, wire.ProtocolError, DaemonError) as exc:
+                if self.connects == 0 and delay <= 0.05:
+                    log.warning("cgpu: cannot reach arbiterd at %s (%s); retrying", self.socket_path, exc)
+                with self._state:
+                    self._state.wait(delay)
+                delay = min(delay * 2, self.backoff_max_s)
+                continue
+            delay = 0.05
+            self._read_loop(sock)
+            self._lost(sock)
+            if not self._closing:
+                log.warning("cgpu: lost arbiterd; reconnecting")
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(10.0)
+            sock.connect(self.socket_path)
+            decoder = wire.Decoder("s2c")
+            sock.sendall(wire.pack({"op": "hello", "versions": list(wire.SUPPORTED_VERSIONS),
+                                    "client": f"libcgpu_client/{__version__}", "pid": os.getpid()}))
+            sock.sendall(wire.pack({**self.register_msg, "id": 0}))
+            replies: list[dict[str, Any]] = []
+            while len(replies) < 2:
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("daemon closed the connection during the handshake")
+                replies += list(decoder.feed(data))
+                for r in replies:
+                    if r["op"] == "error":
+                        raise DaemonError(r["code"], r["message"])
+            reg = replies[1]
+            self.registration = Registration(reg["instance"], reg["gpus"], reg["warnings"])
+            for w in reg["warnings"]:
+                log.warning("cgpu: %s", w)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        self._decoder = decoder
+        with self._state:
+            self._sock = sock
+            self._connected = True
+            self.connects += 1
+            self._state.notify_all()
+        for cb in list(self.on_connected):
+            cb()
+        return sock
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        decoder = self._decoder
+        while True:
+            try:
+                data = sock.recv(262144)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                msgs = list(decoder.feed(data))
+            except wire.ProtocolError as exc:
+                log.error("cgpu: bad frame from arbiterd (%s); reconnecting", exc.message)
+                return
+            for msg in msgs:
+                self._dispatch(msg)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "grant":
+            lst = self.listeners.get(msg["gpu"])
+            if lst is not None:
+                lst.on_grant(msg["lease"], msg["deadline_ns"])
+        elif op == "revoke":
+            lst = self.listeners.get(msg["gpu"])
+            if lst is not None:
+                lst.on_revoke(msg["lease"])
+        else:
+            rid = msg.get("re")
+            waiter = self._waiters.get(rid) if isinstance(rid, int) else None
+            if waiter is not None:
+                waiter.reply = msg
+                waiter.event.set()
+            elif op == "error":
+                log.warning("cgpu: arbiterd: %s: %s", msg["code"], msg["message"])
+
+    def _lost(self, sock: socket.socket) -> None:
+        with self._state:
+            if self._sock is not sock:
+                return
+            self._connected = False
+            self._sock = None
+            self._state.notify_all()
+        try:
+            sock.close()
+        except OSError:
+            pass
+        for waiter in list(self._waiters.values()):
+            waiter.event.set()  # reply None: the request is sent again
+        for lst in list(self.listeners.values()):
+            lst.on_reset()
+
+    # ----------------------------------------------------------------- memory
+    def mem_reserve(self, gpu: int, nbytes: int) -> tuple[bool, int, int, str]:
+        r = self.request({"op": "mem_reserve", "gpu": gpu, "bytes": nbytes})
+        return r["op"] == "ok", r.get("used", 0), r.get("limit", 0), r.get("reason", "")
+
+    def mem_free(self, gpu: int, nbytes: int) -> None:
+        self.request({"op": "mem_free", "gpu": gpu, "bytes": nbytes})
+
+    def stats(self) -> list[dict[str, Any]]:
+        gpus: list[dict[str, Any]] = self.request({"op": "stats"})["gpus"]
+        return gpus
+
+
+def wait_for_socket(path: str, timeout: float) -> bool:
+    """True once something accepts connections at ``path`` (used by tools and tests)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            s.close()
+    return False

@@ -1,0 +1,233 @@
+"""The slice gate: every piece of GPU work passes it.
+
+How this works
+--------------
+The gate keeps the current lease's deadline (CLOCK_MONOTONIC ns). The fast
+path, while the lease is valid, is one clock read and a compare:
+``monotonic_ns() < deadline``. A revoke from the daemon sets the deadline to
+0, so the next check takes the slow path. The slow path synchronises the
+device's outstanding work (through a :class:`DeviceAdapter`), releases the
+lease with the time really used and, in the same message, asks again
+(``release`` with ``again``), then waits for the grant.
+
+A background thread gives back a lease that no operation has used for
+``idle_ms``, after synchronising, so an instance without work never holds the
+GPU. When the daemon is gone the gate waits for it (``on_loss="wait"``) or
+lets work run unchecked (``on_loss="run"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from libcgpu_client.client import Client, LeaseListener
+
+log = logging.getLogger("libcgpu_client.gate")
+_now = time.monotonic_ns
+
+
+class DeviceAdapter(Protocol):
+    def synchronize(self) -> None:
+        """Wait until every piece of work queued on the device has finished."""
+
+
+class CpuAdapter:
+    """The CPU as a simulated GPU: operators run synchronously, nothing to wait for."""
+
+    def synchronize(self) -> None:
+        return None
+
+
+class CudaAdapter:
+    """Synchronises one CUDA device through PyTorch (``torch.cuda.synchronize``)."""
+
+    def __init__(self, device_index: int, sync: Callable[[int], None] | None = None) -> None:
+        self.device_index = device_index
+        if sync is None:
+            import torch
+
+            def sync(i: int) -> None:
+                torch.cuda.synchronize(i)
+
+        self._sync = sync
+
+    def synchronize(self) -> None:
+        self._sync(self.device_index)
+
+
+class Gate:
+    """Holds this process's lease on one GPU and gates work on it."""
+
+    def __init__(
+        self,
+        client: Client,
+        gpu: int,
+        device: DeviceAdapter | None = None,
+        idle_ms: float = 3.0,
+        on_loss: str = "wait",
+    ) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.device = device if device is not None else CpuAdapter()
+        self.idle_ns = int(idle_ms * 1e6)
+        self.on_loss = on_loss
+        self._deadline = 0
+        self._lease: int | None = None
+        self._granted_at = 0
+        self._uses = 0
+        self._active = 0
+        self._lock = threading.RLock()
+        self._granted = threading.Condition(self._lock)
+        self._waiting = False
+        self._closed = False
+        self.acquires = 0
+        self.held_ns = 0
+        self._has_lease = threading.Event()
+        client.listeners[gpu] = LeaseListener(self._on_grant, self._on_revoke, self._on_reset)
+        client.on_connected.append(self._on_connected)
+        self._idle_thread = threading.Thread(target=self._idle_loop, name=f"cgpu-idle-{gpu}", daemon=True)
+        self._idle_thread.start()
+
+    # ---------------------------------------------------------------- public
+    def check(self) -> None:
+        """Return once this process may put work on the GPU."""
+        if _now() < self._deadline:
+            self._uses += 1
+            return
+        self._slow()
+
+    @contextmanager
+    def work(self) -> Iterator[None]:
+        """Gate a block of GPU work; the idle thread never releases inside it."""
+        self.check()
+        self._active += 1
+        try:
+            yield
+        finally:
+            self._active -= 1
+            self._uses += 1
+
+    __enter__ = check
+
+    def __exit__(self, *exc: object) -> None:
+        self._uses += 1
+
+    @property
+    def holding(self) -> bool:
+        return self._lease is not None
+
+    def release(self) -> None:
+        """Give the lease back now (after synchronising)."""
+        with self._lock:
+            if self._lease is not None:
+                self.device.synchronize()
+                self._give_back(again=False)
+
+    def close(self) -> None:
+        self._closed = True
+        self.release()
+
+    # ------------------------------------------------------------- slow path
+    def _slow(self) -> None:
+        with self._lock:
+            if _now() < self._deadline:
+                self._uses += 1
+                return
+            if not self.client.connected and self.on_loss == "run":
+                return
+            if self._lease is not None:
+                self.device.synchronize()
+                self._give_back(again=True)
+            else:
+                self._ask()
+            while not (_now() < self._deadline):
+                if not self.client.connected and self.on_loss == "run":
+                    return
+                if not self._waiting:
+                    self._ask()
+                self._granted.wait(0.5)
+            self._uses += 1
+
+    def _ask(self) -> None:
+        self._waiting = True
+        self.acquires += 1
+        if not self.client.send({"op": "acquire", "id": 0, "gpu": self.gpu}):
+            self._waiting = False
+
+    def _give_back(self, again: bool) -> None:
+        lease, self._lease = self._lease, None
+        self._deadline = 0
+        if lease is None:
+            return
+        used = _now() - self._granted_at
+        self.held_ns += used
+        self._waiting = again
+        if again:
+            self.acquires += 1
+        sent = self.client.send({"op": "release", "gpu": self.gpu, "lease": lease, "used_ns": used,
+                                 "again": again})
+        if not sent:
+            self._waiting = False
+
+    # ------------------------------------------------------------- callbacks
+    def _on_grant(self, lease: int, deadline: int) -> None:
+        with self._lock:
+            self._waiting = False
+            self._lease = lease
+            self._granted_at = _now()
+            self._deadline = deadline
+            self._has_lease.set()
+            self._granted.notify_all()
+
+    def _on_revoke(self, lease: int) -> None:
+        if lease == self._lease:
+            self._deadline = 0  # the next check takes the slow path
+            if self._active == 0:
+                threading.Thread(target=self._release_if_idle, daemon=True).start()
+
+    def _release_if_idle(self) -> None:
+        with self._lock:
+            if self._active == 0 and self._lease is not None and not (_now() < self._deadline):
+                self.device.synchronize()
+                self._give_back(again=False)
+
+    def _on_reset(self) -> None:
+        with self._lock:
+            if self._lease is not None:
+                self.held_ns += _now() - self._granted_at
+            self._lease = None
+            self._deadline = 0
+            self._waiting = False
+            self._granted.notify_all()
+
+    def _on_connected(self) -> None:
+        with self._lock:
+            self._granted.notify_all()
+
+    def _idle_loop(self) -> None:
+        period = max(self.idle_ns / 1e9, 0.0005)
+        last_uses = -1
+        last_change = _now()
+        while not self._closed:
+            if self._lease is None:
+                self._has_lease.clear()
+                if self._lease is None:
+                    self._has_lease.wait(1.0)
+                last_uses, last_change = self._uses, _now()
+                continue
+            time.sleep(period)
+            uses = self._uses
+            now = _now()
+            if uses != last_uses or self._active:
+                last_uses, last_change = uses, now
+                continue
+            if self._lease is not None and now - last_change >= self.idle_ns:
+                with self._lock:
+                    if self._lease is not None and self._uses == uses and self._active == 0:
+                        self.device.synchronize()
+                        self._give_back(again=False)

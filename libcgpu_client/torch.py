@@ -1,0 +1,245 @@
+"""PyTorch interposer: every operator on a controlled device passes the slice gate.
+
+How this works
+--------------
+:func:`install` pushes a ``TorchDispatchMode`` on the importing thread and on
+every thread started afterwards. For each operator the mode finds the device
+of its first tensor argument (or its ``device`` keyword):
+
+* with ``CGPU_DEVICE=cpu`` the **CPU acts as the simulated GPU** at position 0:
+  CPU operators are gated, and the storage of every new tensor is reserved
+  against the instance's memory ledger (tensors under 64 KiB are not counted);
+* on CUDA, operators on ``cuda:i`` are gated by the gate of visible GPU ``i``,
+  and the caching allocator's growth is tied to the ledger: the allocator is
+  capped with ``set_per_process_memory_fraction`` at what the daemon granted;
+  when it hits the cap the mode asks the daemon for more and retries the
+  operator, and a denial surfaces as ``torch.OutOfMemoryError``. When the
+  native shim (``libcgpu.so``, ``CGPU_NATIVE=1``) is loaded, CUDA enforcement is
+  left to it and only the CPU role remains here.
+
+Memory totals: ``torch.cuda.mem_get_info`` and ``get_device_properties`` report
+the instance's limit as the device total; :func:`mem_get_info` does the same
+for the simulated CPU device.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from libcgpu_client import runtime as runtime_mod
+from libcgpu_client.env import parse_env
+from libcgpu_client.gate import CudaAdapter, Gate
+from libcgpu_client.runtime import OutOfMemory, Runtime
+
+log = logging.getLogger("libcgpu_client.torch")
+MIN_TRACKED = 64 * 1024
+CUDA_GROW = 256 * 1024**2
+_installed: CgpuMode | None = None
+
+
+class CudaMemoryGovernor:
+    """Caps the CUDA caching allocator at what the daemon granted; grows on demand."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        set_fraction: Callable[[float, int], None],
+        total_memory: Callable[[int], int],
+    ) -> None:
+        self.rt = rt
+        self.set_fraction = set_fraction
+        self.total_memory = total_memory
+        for pos in range(len(rt.gates)):
+            self._apply(pos)
+
+    def _apply(self, pos: int) -> None:
+        total = self.total_memory(pos)
+        granted = self.rt.memory[pos].reserved
+        self.set_fraction(min(1.0, granted / total) if total else 0.0, pos)
+
+    def grow(self, pos: int) -> None:
+        """Reserve another step from the daemon; raises OutOfMemory when denied."""
+        self.rt.reserve(pos, CUDA_GROW)
+        self._apply(pos)
+
+
+class CgpuMode(TorchDispatchMode):
+    def __init__(self, rt: Runtime, cpu_sim: bool, cuda: bool,
+                 governor: CudaMemoryGovernor | None = None) -> None:
+        super().__init__()
+        self.rt = rt
+        self.cpu_sim = cpu_sim
+        self.cuda = cuda
+        self.governor = governor
+        self.gates = rt.gates
+        self._live: dict[int, int] = {}
+        self.op_ns = 0
+
+    def _pos(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        dev: Any = None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                dev = a.device
+                break
+            if isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor):
+                dev = a[0].device
+                break
+        else:
+            dev = kwargs.get("device")
+            if dev is None:
+                return 0 if self.cpu_sim else None
+            dev = torch.device(dev)
+        if dev.type == "cpu":
+            return 0 if self.cpu_sim else None
+        if dev.type == "cuda" and self.cuda:
+            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            return idx if idx < len(self.gates) else None
+        return None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        pos = self._pos(args, kwargs)
+        if pos is None:
+            return func(*args, **kwargs)
+        gate: Gate = self.gates[pos]
+        gate.check()
+        gate._active += 1
+        try:
+            if self.governor is not None and not self.cpu_sim:
+                out = self._run_cuda(func, args, kwargs, pos)
+            else:
+                out = func(*args, **kwargs)
+        finally:
+            gate._active -= 1
+            gate._uses += 1
+        if self.cpu_sim and pos == 0:
+            self._account(out)
+        return out
+
+    def _run_cuda(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pos: int) -> Any:
+        assert self.governor is not None
+        while True:
+            try:
+                return func(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                try:
+                    self.governor.grow(pos)
+                except OutOfMemory as exc:
+                    raise torch.OutOfMemoryError(str(exc)) from None
+
+    def _account(self, out: Any) -> None:
+        tensors = out if isinstance(out, list | tuple) else (out,)
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes < MIN_TRACKED or ptr in self._live:
+                continue
+            try:
+                self.rt.reserve(0, nbytes)
+            except OutOfMemory as exc:
+                raise torch.OutOfMemoryError(str(exc)) from None
+            self._live[ptr] = nbytes
+            weakref.finalize(t, self._freed, ptr, nbytes)
+
+    def _freed(self, ptr: int, nbytes: int) -> None:
+        if self._live.pop(ptr, None) is not None:
+            try:
+                self.rt.unreserve(0, nbytes)
+            except (ConnectionError, OSError):
+                pass  # the process is exiting; the daemon frees on disconnect
+
+
+def mem_get_info(pos: int = 0) -> tuple[int, int]:
+    """(free, total) of controlled device ``pos`` as the instance sees it: its limit is the total."""
+    rt = runtime_mod.current()
+    if rt is None:
+        raise RuntimeError("cgpu is not active in this process")
+    limit = rt.mem_limit(pos)
+    return max(0, limit - rt.memory[pos].used), limit
+
+
+def _patch_cuda_totals(rt: Runtime) -> None:
+    real_info = torch.cuda.mem_get_info
+    real_props = torch.cuda.get_device_properties
+
+    @functools.wraps(real_info)
+    def cgpu_mem_get_info(device: Any = None) -> tuple[int, int]:
+        free, total = real_info(device)
+        idx = torch.cuda._utils._get_device_index(device, optional=True)
+        limit = rt.mem_limit(idx) if idx < len(rt.gates) else total
+        used = torch.cuda.memory_reserved(idx)
+        return max(0, min(free, limit - used)), limit
+
+    class _Props:
+        def __init__(self, props: Any, limit: int) -> None:
+            self._props = props
+            self.total_memory = limit
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._props, name)
+
+    @functools.wraps(real_props)
+    def cgpu_get_device_properties(device: Any = None) -> Any:
+        props = real_props(device)
+        idx = torch.cuda._utils._get_device_index(device, optional=True)
+        return _Props(props, rt.mem_limit(idx)) if idx < len(rt.gates) else props
+
+    torch.cuda.mem_get_info = cgpu_mem_get_info
+    torch.cuda.get_device_properties = cgpu_get_device_properties
+
+
+def _enter_in_new_threads(mode: CgpuMode) -> None:
+    original = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        if self.name.startswith("cgpu-"):
+            original(self)
+            return
+        with mode:
+            original(self)
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+
+
+def install(rt: Runtime | None = None) -> CgpuMode | None:
+    """Gate every PyTorch operator of this process; idempotent. None when cgpu is disabled."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    if rt is None:
+        env = parse_env()
+        use_cuda = env.device != "cpu" and not env.native and torch.cuda.is_available()
+        rt = runtime_mod.activate(env, device_factory=CudaAdapter if use_cuda else None)
+    if rt is None:
+        return None
+    cpu_sim = rt.env.device == "cpu"
+    cuda = (rt.env.device in ("cuda", "auto") and not rt.env.native and torch.cuda.is_available())
+    if rt.env.device == "cuda" and not torch.cuda.is_available():
+        log.warning("cgpu: CGPU_DEVICE=cuda but CUDA is not available; nothing is gated")
+    governor = None
+    if cuda:
+        governor = CudaMemoryGovernor(
+            rt, lambda frac, i: torch.cuda.set_per_process_memory_fraction(frac, i),
+            lambda i: int(torch.cuda.get_device_properties(i).total_memory))
+        _patch_cuda_totals(rt)
+    mode = CgpuMode(rt, cpu_sim, cuda, governor)
+    mode.__enter__()
+    _enter_in_new_threads(mode)
+    _installed = mode
+    log.info("cgpu: PyTorch interposer active (%s)", "CPU as simulated GPU" if cpu_sim else
+             "CUDA" if cuda else "nothing to gate")
+    return mode

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DaemonProc
+
+
+@pytest.fixture
+def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short temporary dir: UNIX socket paths must stay under 108 bytes."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp"))
+
+
+@pytest.fixture
+def daemon_factory(short_tmp: Path) -> Iterator[type]:
+    started: list[DaemonProc] = []
+
+    class Factory:
+        @staticmethod
+        def start(*args: str, sub: str = "d", **kw: object) -> DaemonProc:
+            d = DaemonProc(short_tmp / sub, *args, **kw)  # type: ignore[arg-type]
+            d.tmp.mkdir(parents=True, exist_ok=True)
+            started.append(d)
+            return d.start()
+
+    yield Factory
+    for d in started:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()

@@ -1,0 +1,213 @@
+"""Each row of SPEC §3's policy table and §4's high-priority rules, on the virtual clock.
+
+Every scenario runs 20 s of virtual time. Shares are the time the simulated
+ops really ran; tolerance 0.5 percentage points unless stated.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Grant, Revoke
+from arbiterd.core.scheduler import GpuScheduler, GpuSettings
+from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
+
+TOL = 0.5  # percentage points
+
+
+def run(policy: int, insts: list[SimInstance], seconds: float = 20, **settings: int) -> SimResult:
+    sim = Simulation(GpuSettings(policy=policy, **settings), insts)
+    return sim.run(int(seconds * NS_PER_S))
+
+
+def pct(res: SimResult, name: str) -> float:
+    return res.instances[name].share * 100
+
+
+def test_policy0_fixed_ring_max4_gives_each_a_quarter_and_leaves_half_idle() -> None:
+    res = run(0, [SimInstance("A"), SimInstance("B")], max_inst=4)
+    assert pct(res, "A") == pytest.approx(25, abs=TOL)
+    assert pct(res, "B") == pytest.approx(25, abs=TOL)
+    assert res.idle_share * 100 == pytest.approx(50, abs=TOL)
+
+
+def test_policy0_idle_owner_slot_stays_idle() -> None:
+    res = run(0, [SimInstance("A"), SimInstance("B", workload=idle())], max_inst=4)
+    assert pct(res, "A") == pytest.approx(25, abs=TOL)
+
+
+def test_policy1_two_busy_share_equally() -> None:
+    res = run(1, [SimInstance("A"), SimInstance("B")])
+    assert pct(res, "A") == pytest.approx(50, abs=TOL)
+    assert pct(res, "B") == pytest.approx(50, abs=TOL)
+
+
+def test_policy1_skips_instance_without_demand() -> None:
+    res = run(1, [SimInstance("A"), SimInstance("B", workload=idle())])
+    assert pct(res, "A") == pytest.approx(100, abs=TOL)
+
+
+def test_policy2_weights_1_2_give_one_third_two_thirds() -> None:
+    res = run(2, [SimInstance("A", 1), SimInstance("B", 2)])
+    assert pct(res, "A") == pytest.approx(100 / 3, abs=TOL)
+    assert pct(res, "B") == pytest.approx(200 / 3, abs=TOL)
+
+
+def test_policy2_registered_idle_instance_slices_pass_idle() -> None:
+    res = run(2, [SimInstance("A", 1), SimInstance("B", 2, workload=idle())])
+    assert pct(res, "A") == pytest.approx(100 / 3, abs=TOL)
+    assert res.idle_share * 100 == pytest.approx(200 / 3, abs=TOL)
+
+
+def test_policy2_alone_gets_everything() -> None:
+    res = run(2, [SimInstance("A", 1)])
+    assert pct(res, "A") == pytest.approx(100, abs=TOL)
+
+
+def test_policy2_ops_three_times_the_slice_still_share_1_2() -> None:
+    """The overrun is charged: ops of 15 ms against slices of 5 and 10 ms."""
+    res = run(2, [SimInstance("A", 1, workload=busy(15)), SimInstance("B", 2, workload=busy(15))])
+    assert pct(res, "A") == pytest.approx(100 / 3, abs=TOL)
+    assert pct(res, "B") == pytest.approx(200 / 3, abs=TOL)
+
+
+def test_policy2_weights_8_4_switch_four_times_less_than_2_1() -> None:
+    big = run(2, [SimInstance("A", 8), SimInstance("B", 4)])
+    small = run(2, [SimInstance("A", 2), SimInstance("B", 1)])
+    assert pct(big, "A") == pytest.approx(200 / 3, abs=TOL)
+    assert pct(small, "A") == pytest.approx(200 / 3, abs=TOL)
+    grants_big = sum(r.grants for r in big.instances.values())
+    grants_small = sum(r.grants for r in small.instances.values())
+    assert grants_small / grants_big == pytest.approx(4, rel=0.02)
+
+
+def test_policy1_auto_switches_to_2_when_weight_above_1_joins() -> None:
+    sched = GpuScheduler(0, GpuSettings(policy=1))
+    sched.add_instance("A", 1, False, 0)
+    assert sched.settings.policy == 1
+    sched.add_instance("B", 2, False, 0)
+    assert sched.settings.policy == 2
+
+
+def test_policy3_fixed_core_caps_even_when_alone() -> None:
+    res = run(3, [SimInstance("A", 3)], max_inst=10)
+    assert pct(res, "A") == pytest.approx(30, abs=TOL)
+
+
+def test_policy3_fixed_core_pair() -> None:
+    res = run(3, [SimInstance("A", 3), SimInstance("B", 5)], max_inst=10)
+    assert pct(res, "A") == pytest.approx(30, abs=TOL)
+    assert pct(res, "B") == pytest.approx(50, abs=TOL)
+
+
+def test_policy3_overrun_is_paid_back_so_the_cap_holds() -> None:
+    """Ops of 4 ms against a 5 ms slice overrun every segment; the debt keeps 20 %."""
+    res = run(3, [SimInstance("A", 2, workload=busy(4)), SimInstance("B", 2, workload=busy(4))], max_inst=10)
+    assert pct(res, "A") == pytest.approx(20, abs=TOL)
+    assert pct(res, "B") == pytest.approx(20, abs=TOL)
+
+
+def test_policy4_weak_weights_1_2() -> None:
+    res = run(4, [SimInstance("A", 1), SimInstance("B", 2)])
+    assert pct(res, "A") == pytest.approx(100 / 3, abs=TOL)
+    assert pct(res, "B") == pytest.approx(200 / 3, abs=TOL)
+
+
+def test_policy4_is_work_conserving() -> None:
+    res = run(4, [SimInstance("A", 1), SimInstance("B", 2, workload=idle())])
+    assert pct(res, "A") == pytest.approx(100, abs=TOL)
+
+
+def test_policy4_bursty_instance_cannot_bank_credit() -> None:
+    """B (weight 2) is on 1 s / off 0.5 s; while on it gets 2/3, never more."""
+    res = run(4, [SimInstance("A", 1), SimInstance("B", 2, workload=bursty(2, 1000, 500))], seconds=30)
+    assert pct(res, "A") == pytest.approx(res.instances["A"].target * 100, abs=TOL)
+    assert pct(res, "B") == pytest.approx(res.instances["B"].target * 100, abs=TOL)
+
+
+def test_policy5_native_grants_everyone_at_once() -> None:
+    sched = GpuScheduler(0, GpuSettings(policy=5))
+    for name in "ABC":
+        sched.add_instance(name, 1, False, 0)
+    effects = [e for i, name in enumerate("ABC") for e in sched.acquire(name, i + 1, 10)]
+    assert [type(e) for e in effects] == [Grant, Grant, Grant]
+    assert len(sched.holders()) == 3
+
+
+def test_highprio_capped_at_prio_ratio_beside_busy_normal() -> None:
+    res = run(1, [SimInstance("H", 1, highprio=True), SimInstance("N", 1)], prio_ratio=60)
+    assert pct(res, "H") == pytest.approx(60, abs=TOL)
+    assert pct(res, "N") == pytest.approx(40, abs=TOL)
+
+
+def test_highprio_without_demand_takes_nothing() -> None:
+    res = run(1, [SimInstance("H", 1, highprio=True, workload=idle()), SimInstance("N", 1)], prio_ratio=60)
+    assert pct(res, "H") == 0
+    assert pct(res, "N") == pytest.approx(100, abs=TOL)
+
+
+def test_highprio_preempts_holder_by_revoke() -> None:
+    sched = GpuScheduler(0, GpuSettings(policy=1, prio_ratio=60))
+    sched.add_instance("N", 1, False, 0)
+    sched.add_instance("H", 1, True, 0)
+    (grant,) = sched.acquire("N", 1, 0)
+    assert isinstance(grant, Grant)
+    effects = sched.acquire("H", 2, 1 * NS_PER_MS)
+    assert effects == [Revoke(1, 0, grant.lease, "highprio")]
+    effects, current = sched.release(1, grant.lease, 2 * NS_PER_MS)
+    assert current and isinstance(effects[0], Grant) and effects[0].client == 2
+
+
+def test_two_highprio_instances_share_by_policy() -> None:
+    res = run(2, [SimInstance("H1", 1, highprio=True), SimInstance("H2", 2, highprio=True),
+                  SimInstance("N", 1)], prio_ratio=60)
+    assert pct(res, "H1") == pytest.approx(20, abs=TOL)
+    assert pct(res, "H2") == pytest.approx(40, abs=TOL)
+    assert pct(res, "N") == pytest.approx(40, abs=TOL)
+
+
+def test_weight_zero_instance_gets_nothing() -> None:
+    res = run(4, [SimInstance("A", 1), SimInstance("Z", 0)])
+    assert pct(res, "Z") == 0
+    assert pct(res, "A") == pytest.approx(100, abs=TOL)
+
+
+def test_hung_holder_is_cut_off_after_overrun_bound_and_counted() -> None:
+    sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5, overrun_ms=50))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    (g,) = sched.acquire("A", 1, 0)
+    assert sched.acquire("B", 2, 0) == []
+    assert sched.next_wakeup() == g.deadline_ns + 50 * NS_PER_MS
+    effects = sched.tick(g.deadline_ns + 50 * NS_PER_MS)
+    assert effects[0] == Revoke(1, 0, g.lease, "overrun")
+    assert isinstance(effects[1], Grant) and effects[1].client == 2
+    assert sched.stats.overruns == 1
+    assert sched.held_ns("A", 10**9) == g.deadline_ns + 50 * NS_PER_MS  # charged up to the cut-off
+
+
+def test_policy_change_revokes_and_never_leaves_two_holders() -> None:
+    sched = GpuScheduler(0, GpuSettings(policy=1))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    (g,) = sched.acquire("A", 1, 0)
+    sched.acquire("B", 2, 0)
+    effects = sched.set_policy(4, NS_PER_MS)
+    assert effects == [Revoke(1, 0, g.lease, "policy")]
+    assert len(sched.holders()) == 1
+    effects, _ = sched.release(1, g.lease, 2 * NS_PER_MS)
+    assert isinstance(effects[0], Grant) and effects[0].client == 2
+
+
+def test_switch_from_native_waits_for_every_holder() -> None:
+    sched = GpuScheduler(0, GpuSettings(policy=5))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    ga, = sched.acquire("A", 1, 0)
+    gb, = sched.acquire("B", 2, 0)
+    revokes = sched.set_policy(1, NS_PER_MS)
+    assert {r.client for r in revokes} == {1, 2}
+    assert sched.acquire("A", 3, NS_PER_MS) == []  # waits until both native leases are back
+    sched.release(1, ga.lease, 2 * NS_PER_MS)
+    effects, _ = sched.release(2, gb.lease, 3 * NS_PER_MS)
+    assert [e.client for e in effects] == [3]
