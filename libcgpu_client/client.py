@@ -13,6 +13,7 @@ meanwhile keep waiting; the application sees no exception.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -115,10 +116,8 @@ class Client:
                     sock.sendall(wire.pack({"op": "bye"}))
             except OSError:
                 pass
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2.0)
 
@@ -264,10 +263,8 @@ class Client:
             self._connected = False
             self._sock = None
             self._state.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             sock.close()
-        except OSError:
-            pass
         for waiter in list(self._waiters.values()):
             waiter.event.set()  # reply None: the request is sent again
         for lst in list(self.listeners.values()):

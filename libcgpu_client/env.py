@@ -17,7 +17,8 @@ variable, the bad value and what was expected. Nothing falls back silently.
 | CGPU_IDLE_MS | give an unused lease back after this many ms (default 3) |
 | CGPU_DEVICE | auto (default), cuda, or cpu (the CPU acts as the simulated GPU) |
 | CGPU_NATIVE | 1 when libcgpu.so is preloaded and enforces CUDA itself |
-| CGPU_MEM_LIMIT | cgpu extension: limit per card in bytes or with a unit (``600MiB``, ``1GiB,2GiB``); wins over ALIYUN_COM_GPU_MEM_CONTAINER |
+| CGPU_MEM_LIMIT | cgpu extension: limit per card as a size (``600MiB``, ``1GiB,2GiB``); |
+|                | it wins over ALIYUN_COM_GPU_MEM_CONTAINER |
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ for the simulated CPU device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -157,10 +158,9 @@ class CgpuMode(TorchDispatchMode):
 
     def _freed(self, ptr: int, nbytes: int) -> None:
         if self._live.pop(ptr, None) is not None:
-            try:
+            # while the process exits the connection may be gone: the daemon frees on disconnect
+            with contextlib.suppress(ConnectionError, OSError):
                 self.rt.unreserve(0, nbytes)
-            except (ConnectionError, OSError):
-                pass  # the process is exiting; the daemon frees on disconnect
 
 
 def mem_get_info(pos: int = 0) -> tuple[int, int]:

@@ -162,8 +162,7 @@ class Decoder:
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Feed ``data`` and yield every complete, valid message in it."""
-        for msg in self.feed_raw(data):
-            yield msg
+        yield from self.feed_raw(data)
 
     def feed_raw(self, data: bytes) -> Iterator[Any]:
         """Feed ``data`` and yield every complete frame, decoded but not validated."""

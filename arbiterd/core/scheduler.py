@@ -312,7 +312,7 @@ class GpuScheduler:
             and now < lease.deadline_ns
         ):
             lease.clients.add(client)
-            return effects + [Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
+            return [*effects, Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
         if not inst.waiters and not any(h.inst is inst for h in self.holders()):
             self._place(inst)
         inst.waiters.setdefault(client, now)

@@ -1,0 +1,92 @@
+"""The main job: arbiterd on a simulated GPU, and two instances sharing it with weights 1:2.
+
+    python -m bench.demo [--seconds 8]
+
+Starts the daemon in a temporary directory (no root, no GPU needed), runs two
+client processes that busy-spin 1 ms "GPU operations" through the slice gate,
+shows ``cgpu-smi`` and a ``cgpuctl`` session while they run, and prints the
+share of GPU time each got. Everything is stopped and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from libcgpu_client.client import wait_for_socket
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+def _held(admin: str) -> dict[str, float]:
+    out = subprocess.run([_tool("cgpu-smi"), "--admin", admin, "--json"], capture_output=True, text=True,
+                         check=True).stdout
+    return {i["id"]: i["held_seconds"] for g in json.loads(out)["gpus"] for i in g["instances"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0, help="how long the two instances run")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="cgpu-demo-"))
+    run_dir, state_dir = tmp / "run", tmp / "state"
+    sock, admin = str(run_dir / "arbiter.sock"), str(run_dir / "admin.sock")
+    print(f"$ arbiterd --run-dir {run_dir} --state-dir {state_dir} --sim-gpus 1x16GiB --policy 2 "
+          "--identity declared")
+    daemon = subprocess.Popen([_tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(state_dir),
+                               "--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
+            print("demo: arbiterd did not start", file=sys.stderr)
+            return 1
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        clients = {
+            name: subprocess.Popen([sys.executable, "-m", "bench.spin", sock, name, str(args.seconds), "1.0",
+                                    str(weight)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            for name, weight in (("job-a", 1), ("job-b", 2))
+        }
+        time.sleep(1.0)  # both registered and running
+        first = _held(admin)
+        time.sleep(max(1.0, args.seconds - 3.0))
+        second = _held(admin)
+        for cmd in (["cgpu-smi"], ["cgpuctl", "ls", "0"], ["cgpuctl", "cat", "0/job-b/weight"],
+                    ["cgpuctl", "echo", "9", "0/policy"]):
+            print(f"\n$ {' '.join(cmd)}", flush=True)
+            proc = subprocess.run([_tool(cmd[0]), "--admin", admin, *cmd[1:]], capture_output=True, text=True)
+            sys.stdout.write(proc.stdout + proc.stderr)
+            if cmd[0] == "cgpuctl" and cmd[1] == "echo":
+                print(f"(exit code {proc.returncode}: the value is refused and nothing changes)")
+        for proc in clients.values():
+            proc.communicate(timeout=args.seconds + 30)
+        a = second["job-a"] - first["job-a"]
+        b = second["job-b"] - first["job-b"]
+        print(f"\nGPU time held while both ran ({args.seconds - 3.0:.0f} s window, weights 1:2, policy 2):")
+        print(f"  job-a (weight 1): {a:6.2f} s  {100 * a / (a + b):5.1f} %")
+        print(f"  job-b (weight 2): {b:6.2f} s  {100 * b / (a + b):5.1f} %")
+        print(f"  ratio b/a = {b / a:.2f} (target 2.00)")
+        return 0
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

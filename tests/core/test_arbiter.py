@@ -1,0 +1,123 @@
+"""The arbiter: registration precedence, weight 0, memory ledger, lingering records."""
+
+from __future__ import annotations
+
+import pytest
+
+from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
+from arbiterd.core.effects import NS_PER_S, Grant
+from arbiterd.core.errors import IdentityError, SettingError
+from arbiterd.core.scheduler import GpuSettings
+
+GIB = 1024**3
+
+
+def make(trust: bool = True, max_inst: int = 4) -> Arbiter:
+    gpus = [GpuInfo(0, "sim", "GPU-a", 16 * GIB, True), GpuInfo(1, "sim", "GPU-b", 8 * GIB, True)]
+    return Arbiter(gpus, ArbiterConfig(trust_client_env=trust, linger_ns=10 * NS_PER_S),
+                   {0: GpuSettings(max_inst=max_inst), 1: GpuSettings(max_inst=max_inst)})
+
+
+def reg(arb: Arbiter, cid: int, name: str, weight: int = 1, mem: int = 0, gpus: list[int] | None = None,
+        now: int = 0) -> dict[str, object]:
+    arb.connect(cid, 1000 + cid, 0)
+    gpus = gpus or [0]
+    r, _ = arb.register(cid, name, gpus, {g: InstanceSettings(weight, False, mem) for g in gpus}, now)
+    return r.gpus[0]
+
+
+def test_client_env_sets_settings_of_a_new_instance() -> None:
+    arb = make()
+    info = reg(arb, 1, "a", weight=2, mem=GIB)
+    assert info["weight"] == 2 and info["mem_limit"] == GIB
+
+
+def test_provisioned_settings_win_over_client_env() -> None:
+    arb = make()
+    arb.provision("a", [0], InstanceSettings(3, False, 2 * GIB), 0)
+    info = reg(arb, 1, "a", weight=1, mem=GIB)
+    assert info["weight"] == 3 and info["mem_limit"] == 2 * GIB
+
+
+def test_later_clients_cannot_change_settings_of_an_existing_instance() -> None:
+    arb = make()
+    reg(arb, 1, "a", weight=1)
+    info = reg(arb, 2, "a", weight=3, mem=GIB)
+    assert info["weight"] == 1 and info["mem_limit"] == 16 * GIB
+
+
+def test_untrusted_env_is_ignored() -> None:
+    arb = make(trust=False)
+    info = reg(arb, 1, "a", weight=3, mem=GIB)
+    assert info["weight"] == 1 and info["mem_limit"] == 16 * GIB
+
+
+def test_instance_registered_without_free_weight_gets_weight_zero_and_a_warning() -> None:
+    arb = make(max_inst=2)
+    reg(arb, 1, "a", weight=2)
+    arb.connect(2, 2000, 0)
+    r, _ = arb.register(2, "b", [0], {0: InstanceSettings(1)}, 0)
+    assert r.gpus[0]["weight"] == 0
+    assert any("no GPU time" in w for w in r.warnings)
+    assert arb.acquire(2, 0, 0) == []  # never granted
+
+
+def test_register_twice_is_refused() -> None:
+    arb = make()
+    reg(arb, 1, "a")
+    with pytest.raises(IdentityError):
+        arb.register(1, "b", [0], {}, 0)
+
+
+def test_memory_is_shared_by_an_instances_processes_and_returned_on_exit() -> None:
+    arb = make()
+    reg(arb, 1, "a", mem=GIB)
+    reg(arb, 2, "a")
+    mib600 = 600 * 1024**2
+    assert arb.mem_reserve(1, 0, mib600).ok
+    denied = arb.mem_reserve(2, 0, mib600)
+    assert not denied.ok and "out of memory" in denied.reason
+    rec = arb.record(0, "a")
+    assert rec.ledger.meminfo() == f"Free: {GIB - mib600}\nPID: 1001 Mem: {mib600}\n"
+    arb.disconnect(1, 1)
+    assert rec.ledger.used == 0
+    assert arb.mem_reserve(2, 0, mib600).ok
+
+
+def test_disconnect_ends_the_lease_and_hands_over() -> None:
+    arb = make()
+    reg(arb, 1, "a")
+    reg(arb, 2, "b")
+    (g1,) = arb.acquire(1, 0, 0)
+    assert arb.acquire(2, 0, 0) == []
+    effects = arb.disconnect(1, 1000)
+    assert [e.client for e in effects if isinstance(e, Grant)] == [2]
+    assert g1.client == 1
+
+
+def test_record_without_clients_lingers_then_goes_unless_provisioned() -> None:
+    arb = make()
+    reg(arb, 1, "a")
+    arb.provision("p", [0], InstanceSettings(1), 0)
+    arb.disconnect(1, NS_PER_S)
+    arb.tick(5 * NS_PER_S)
+    assert (0, "a") in arb.records
+    assert arb.next_wakeup() == 11 * NS_PER_S
+    arb.tick(11 * NS_PER_S)
+    assert (0, "a") not in arb.records and (0, "p") in arb.records
+
+
+def test_provision_over_free_weight_is_refused_and_changes_nothing() -> None:
+    arb = make(max_inst=4)
+    reg(arb, 1, "a", weight=3)
+    with pytest.raises(SettingError):
+        arb.provision("b", [0, 1], InstanceSettings(2), 0)
+    assert (1, "b") not in arb.records and (0, "b") not in arb.records
+
+
+def test_unprovision_refused_while_clients_are_connected() -> None:
+    arb = make()
+    arb.provision("a", [0], InstanceSettings(1), 0)
+    reg(arb, 1, "a")
+    with pytest.raises(SettingError, match="connected"):
+        arb.unprovision("a", None, 0)
