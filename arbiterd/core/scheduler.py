@@ -299,10 +299,10 @@ class GpuScheduler:
             raise SettingError(f"client {client} belongs to instance {owner.name}, not {name}")
         self._client_inst[client] = inst
         effects: list[Effect] = []
-        for lease in self._leases_of(client):
-            if lease.revoked_ns is None and now < lease.deadline_ns:
-                return [Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
-            effects += self._drop_holder(lease, client, now)
+        for held in self._leases_of(client):
+            if held.revoked_ns is None and now < held.deadline_ns:
+                return [Grant(client, self.index, held.id, held.deadline_ns, 0)]
+            effects += self._drop_holder(held, client, now)
         lease = self.lease
         if (
             self.settings.policy != NATIVE
