@@ -101,6 +101,7 @@ class InstanceState:
     debt_ns: int = 0
     held_ns: int = 0
     grants: int = 0
+    served: int = 0  # sequence number of its last grant: ties go to the least recently served
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 
 
@@ -495,6 +496,7 @@ class GpuScheduler:
         inst.waiters.clear()
         inst.grants += 1
         self.stats.grants += 1
+        inst.served = self.stats.grants
         self.lease = lease
         if self._busy_since is None:
             self._busy_since = now
@@ -546,7 +548,7 @@ class GpuScheduler:
     def _pick(self, candidates: list[InstanceState]) -> InstanceState | None:
         if not candidates:
             return None
-        return min(candidates, key=lambda i: (i.vruntime, i.order))
+        return min(candidates, key=lambda i: (i.vruntime, i.served, i.order))
 
     def _schedule_conserving(self, now: int) -> list[Effect]:
         members = self._normal_members()
