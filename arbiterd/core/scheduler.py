@@ -141,6 +141,7 @@ class GpuScheduler:
         self._client_inst: dict[int, InstanceState] = {}
         self._order = itertools.count()
         self._lease_ids = itertools.count(1)
+        self._turns = 0
         self.min_vr = 0
         self._turn: tuple[InstanceState, int] | None = None  # policy 2 idle turn: (owner, end)
         self._ring: list[tuple[InstanceState | None, int]] = []
@@ -496,7 +497,8 @@ class GpuScheduler:
         inst.waiters.clear()
         inst.grants += 1
         self.stats.grants += 1
-        inst.served = self.stats.grants
+        self._turns += 1
+        inst.served = self._turns
         self.lease = lease
         if self._busy_since is None:
             self._busy_since = now
@@ -604,6 +606,8 @@ class GpuScheduler:
         if inst.waiters:
             return self._grant(inst, now, now + length)
         inst.vruntime += length * VR_SCALE // inst.weight
+        self._turns += 1
+        inst.served = self._turns  # an idle turn is a turn
         self._turn = (inst, now + length)
         self._update_min_vr()
         return []
