@@ -172,7 +172,7 @@ class ClientConnection(asyncio.Protocol):
     def op_release(self, msg: dict[str, Any]) -> None:
         d = self.daemon
         effects, _ = d.arbiter.release(self.cid, msg["gpu"], msg["lease"], time.monotonic_ns(),
-                                       again=bool(msg.get("again", False)))
+                                       again=bool(msg.get("again", False)), used_ns=msg["used_ns"])
         if "id" in msg:
             self.send({"op": "ok", "re": msg["id"]})
         d.apply(effects)

@@ -211,3 +211,23 @@ def test_switch_from_native_waits_for_every_holder() -> None:
     sched.release(1, ga.lease, 2 * NS_PER_MS)
     effects, _ = sched.release(2, gb.lease, 3 * NS_PER_MS)
     assert [e.client for e in effects] == [3]
+
+
+def test_handoff_transit_is_charged_to_nobody_and_capped_at_the_median() -> None:
+    """Honest clients report 0.2 ms of transit per lease; a liar claiming 4 ms gets the median."""
+    sched = GpuScheduler(0, GpuSettings(policy=1))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("L", 1, False, 0)
+    now = 0
+    for _ in range(20):  # honest: held 5.2 ms, used 5.0 ms
+        (g,) = sched.acquire("A", 1, now)
+        now += 5_200_000
+        sched.release(1, g.lease, now, used_ns=5_000_000)
+    a_before = sched.instances["A"].held_ns
+    (g,) = sched.acquire("A", 1, now)
+    sched.release(1, g.lease, now + 5_200_000, used_ns=5_000_000)
+    assert sched.instances["A"].held_ns - a_before == 5_000_000  # the 0.2 ms transit is not charged
+    now += 5_200_000
+    (g,) = sched.acquire("L", 2, now)
+    sched.release(2, g.lease, now + 5_200_000, used_ns=1_200_000)  # claims 4 ms of transit
+    assert sched.instances["L"].held_ns == 5_000_000  # discounted by the median only
