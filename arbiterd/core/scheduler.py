@@ -247,6 +247,12 @@ class GpuScheduler:
         self.settings.policy = policy
         self._turn = None
         self._ring_dirty = True
+        # fairness restarts under the new policy: what was owed under the old one is void
+        base = max([self.min_vr, *(i.vruntime for i in self.instances.values())])
+        for inst in self.instances.values():
+            inst.vruntime = base
+            inst.debt_ns = 0
+        self.min_vr = base
         effects: list[Effect] = []
         if old == NATIVE:
             for lease in self.native.values():

@@ -187,6 +187,7 @@ class Simulation:
         self.trace = trace
         self.events: list[tuple[int, str, str]] = []
         self._horizon = 0
+        self._started = False
         ids = itertools.count(1)
         for inst in instances:
             self.sched.add_instance(inst.name, inst.weight, inst.highprio, 0)
@@ -262,9 +263,12 @@ class Simulation:
         return self.sched.acquire(c.inst.name, c.cid, self.now)
 
     def run(self, duration_ns: int, warmup_ns: int = 0) -> SimResult:
+        """Run until virtual time ``duration_ns``; a later call goes on from there."""
         self._horizon = duration_ns
-        for c in self.clients.values():
-            self._push(0, "wake", c.cid)
+        if not self._started:
+            self._started = True
+            for c in self.clients.values():
+                self._push(0, "wake", c.cid)
         while self._heap and self._heap[0][0] <= duration_ns:
             t, _, kind, cid = heapq.heappop(self._heap)
             self.now = t

@@ -281,6 +281,10 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        # handlers first: a signal that arrives once the sockets accept must find them
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
         run_dir = Path(cfg.run_dir)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -412,10 +416,6 @@ class Daemon:
         self._stop.set()
 
     async def serve_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, sig.name)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
         await self._stop.wait()
         await self.stop()
 

@@ -231,3 +231,15 @@ def test_handoff_transit_is_charged_to_nobody_and_capped_at_the_median() -> None
     (g,) = sched.acquire("L", 2, now)
     sched.release(2, g.lease, now + 5_200_000, used_ns=1_200_000)  # claims 4 ms of transit
     assert sched.instances["L"].held_ns == 5_000_000  # discounted by the median only
+
+
+def test_policy_switch_restarts_fairness() -> None:
+    """Equal time under the ring (policy 0) must not turn into a catch-up burst under policy 2."""
+    sim = Simulation(GpuSettings(policy=0, max_inst=4), [SimInstance("A", 1), SimInstance("B", 2)])
+    sim.run(4 * NS_PER_S)
+    sched = sim.sched
+    sched.set_policy(2, sim.now)
+    before = {n: sched.held_ns(n, sim.now) for n in "AB"}
+    sim.run(9 * NS_PER_S)  # goes on from 4 s on the same virtual clock
+    gained = {n: sched.held_ns(n, sim.now) - before[n] for n in "AB"}
+    assert gained["B"] / gained["A"] == pytest.approx(2.0, rel=0.01)
