@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -59,7 +60,7 @@ def test_notify_ready_after_accept_watchdog_cadence_and_stopping(short_tmp: Path
             data = ns.recv(4096).decode()
             if "WATCHDOG=1" in data:
                 beats.append(time.monotonic())
-        gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(beats)]
         median = sorted(gaps)[len(gaps) // 2]
         assert 0.15 <= median <= 0.3, gaps  # half of WatchdogSec (0.4 s)
         proc.send_signal(signal.SIGTERM)
