@@ -177,6 +177,9 @@ class Gate:
     # ------------------------------------------------------------- callbacks
     def _on_grant(self, lease: int, deadline: int) -> None:
         with self._lock:
+            if lease == self._lease:  # the daemon moved the deadline of the lease we hold
+                self._deadline = deadline
+                return
             self._waiting = False
             self._lease = lease
             self._granted_at = _now()

@@ -18,7 +18,12 @@ from libcgpu_client.env import ClientEnv, parse_env
 from libcgpu_client.gate import CpuAdapter, DeviceAdapter, Gate
 
 log = logging.getLogger("libcgpu_client")
-CHUNK = 64 * 1024**2  # memory is reserved from the daemon in chunks of this size
+# Memory is reserved from the daemon in chunks, with hysteresis, as a caching allocator
+# does: grow by at least GROW, give back only when more than KEEP_MAX is spare, down to KEEP.
+CHUNK = 64 * 1024**2
+GROW = 4 * CHUNK
+KEEP = 2 * CHUNK
+KEEP_MAX = 8 * CHUNK
 
 
 class OutOfMemory(MemoryError):
@@ -77,7 +82,7 @@ class Runtime:
                 acct.used += nbytes
                 return
             need = acct.used + nbytes - acct.reserved
-            for ask in (max(need, CHUNK) + (-max(need, CHUNK)) % CHUNK, need):
+            for ask in (max(need, GROW) + (-max(need, GROW)) % CHUNK, need + (-need) % CHUNK, need):
                 ok, used, limit, reason = self.client.mem_reserve(acct.gpu, ask)
                 if ok:
                     acct.reserved += ask
@@ -93,8 +98,8 @@ class Runtime:
         with self._mem_lock:
             acct.used = max(0, acct.used - nbytes)
             spare = acct.reserved - acct.used
-            if spare > 2 * CHUNK:
-                give = spare - CHUNK
+            if spare > KEEP_MAX:
+                give = spare - KEEP
                 acct.reserved -= give
                 self.client.send({"op": "mem_free", "id": 0, "gpu": acct.gpu, "bytes": give})
 

@@ -81,7 +81,7 @@ class CgpuMode(TorchDispatchMode):
         self.cuda = cuda
         self.governor = governor
         self.gates = rt.gates
-        self._live: dict[int, int] = {}
+        self._live: dict[int, tuple[int, weakref.ref[torch.Tensor]]] = {}
         self.op_ns = 0
 
     def _pos(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -138,29 +138,34 @@ class CgpuMode(TorchDispatchMode):
                     raise torch.OutOfMemoryError(str(exc)) from None
 
     def _account(self, out: Any) -> None:
-        tensors = out if isinstance(out, list | tuple) else (out,)
+        """Reserve the storage of every new output tensor of 64 KiB or more."""
+        if isinstance(out, torch.Tensor):
+            tensors: tuple[Any, ...] | list[Any] = (out,)
+        elif isinstance(out, list | tuple):
+            tensors = out
+        else:
+            return
         for t in tensors:
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            if not isinstance(t, torch.Tensor) or t._base is not None:
+                continue  # a view shares its base's storage
+            nbytes = t.nbytes
+            if nbytes < MIN_TRACKED:
                 continue
-            try:
-                storage = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            ptr, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes < MIN_TRACKED or ptr in self._live:
-                continue
+            ptr = t.data_ptr()
+            if ptr in self._live:
+                continue  # in-place results and outputs that alias an input
             try:
                 self.rt.reserve(0, nbytes)
             except OutOfMemory as exc:
                 raise torch.OutOfMemoryError(str(exc)) from None
-            self._live[ptr] = nbytes
-            weakref.finalize(t, self._freed, ptr, nbytes)
+            self._live[ptr] = (nbytes, weakref.ref(t, functools.partial(self._freed, ptr)))
 
-    def _freed(self, ptr: int, nbytes: int) -> None:
-        if self._live.pop(ptr, None) is not None:
+    def _freed(self, ptr: int, _ref: object) -> None:
+        entry = self._live.pop(ptr, None)
+        if entry is not None:
             # while the process exits the connection may be gone: the daemon frees on disconnect
             with contextlib.suppress(ConnectionError, OSError):
-                self.rt.unreserve(0, nbytes)
+                self.rt.unreserve(0, entry[0])
 
 
 def mem_get_info(pos: int = 0) -> tuple[int, int]:

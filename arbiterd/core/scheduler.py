@@ -37,6 +37,11 @@ length.
   discounted by the transit its client reports, capped at the GPU's median
   handoff. Otherwise the weight-1 instance, which changes hands twice as often
   per unit of share as the weight-2 one, would pay twice the overhead.
+* Under policies 1, 2 and 4 a lease is *extended* while no other instance
+  wants the GPU (its deadline is far off, so a lone instance never renews).
+  When another instance starts to wait, the holder keeps its nominal turn:
+  a new grant for the same lease moves its deadline back to the turn's end,
+  or, if that has passed, the lease is revoked (reason ``turn``).
 * Time held past a lease's deadline (an op that outlasted the slice) is the
   instance's *debt*: it is charged, and paid by shortening (or skipping) the
   instance's next turn, so turns keep their order and nobody waits more than
@@ -63,6 +68,7 @@ WORK_CONSERVING = (PREEMPTIVE, WEAK, NATIVE)
 
 VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
 HANDOFF_SAMPLES = 63
+EXTENDED_NS = 1_000_000_000  # an uncontended lease runs this long before the client renews
 HANDOFF_MAX_NS = 1_000_000  # a transit longer than 1 ms is not a handoff sample
 
 MAX_INST_RANGE = (1, 25)
@@ -125,6 +131,7 @@ class Lease:
     prepaid_ns: int = 0
     revoked_ns: int | None = None
     discount_ns: int = 0
+    nominal_ns: int | None = None  # set while extended: where the lease would have ended
 
 
 @dataclass(slots=True)
@@ -152,6 +159,8 @@ class GpuScheduler:
         self._lease_ids = itertools.count(1)
         self._turns = 0
         self._handoffs: deque[int] = deque(maxlen=HANDOFF_SAMPLES)
+        self._handoff_count = 0
+        self._handoff_median = 0
         self.min_vr = 0
         self._turn: tuple[InstanceState, int] | None = None  # policy 2 idle turn: (owner, end)
         self._ring: list[tuple[InstanceState | None, int]] = []
@@ -211,7 +220,7 @@ class GpuScheduler:
                 f"weight {weight} exceeds free_weight {self.free_weight} on GPU {self.index}"
             )
         inst = InstanceState(name, weight, bool(highprio), next(self._order))
-        self._place(inst)
+        self._place(inst, now)
         self.instances[name] = inst
         self._ring_dirty = True
         if weight > 1 and self.settings.policy == PREEMPTIVE:
@@ -332,7 +341,7 @@ class GpuScheduler:
             lease.clients.add(client)
             return [*effects, Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
         if not inst.waiters and not any(h.inst is inst for h in self.holders()):
-            self._place(inst)
+            self._place(inst, now)
         inst.waiters.setdefault(client, now)
         return effects + self._schedule(now)
 
@@ -446,8 +455,11 @@ class GpuScheduler:
             return 0
         if gap <= HANDOFF_MAX_NS:
             self._handoffs.append(gap)
-        ordered = sorted(self._handoffs)
-        return min(gap, ordered[len(ordered) // 2])
+            self._handoff_count += 1
+            if self._handoff_count % 16 == 1:  # the median moves slowly: refresh it now and then
+                ordered = sorted(self._handoffs)
+                self._handoff_median = ordered[len(ordered) // 2]
+        return min(gap, self._handoff_median)
 
     def _end_lease(self, lease: Lease, now: int) -> None:
         self._accrue_hp(now)
@@ -466,7 +478,8 @@ class GpuScheduler:
         overrun = max(0, now - lease.deadline_ns)
         if lease.highprio or lease.ring:
             charged = max(0, held - lease.prepaid_ns)
-        elif self.settings.policy == WEIGHTED and now < lease.deadline_ns and not self.native:
+        elif (self.settings.policy == WEIGHTED and lease.nominal_ns is None and now < lease.deadline_ns
+              and not self.native):
             # policy 2: the owner keeps its turn; the rest passes idle unless it comes back
             charged = max(0, lease.deadline_ns - lease.granted_ns - lease.prepaid_ns)
             self._turn = (inst, lease.deadline_ns)
@@ -486,18 +499,19 @@ class GpuScheduler:
             self._busy_since = None
         self._update_min_vr()
 
-    def _place(self, inst: InstanceState) -> None:
+    def _place(self, inst: InstanceState, now: int) -> None:
         """Put an instance that (re)gains demand at the tail of the current round.
 
         It joins behind every instance that already has demand, so it waits at most
-        one round, and it cannot bring back credit from before it went idle.
+        one round, and it cannot bring back credit from before it went idle. A holder
+        counts with the time of its running lease (which is charged only at release).
         """
-        holding = {lease.inst for lease in self.holders()}
-        active = [
-            i.vruntime
-            for i in self.instances.values()
-            if i is not inst and i.weight > 0 and (i.waiters or i in holding)
-        ]
+        active = [i.vruntime for i in self.instances.values()
+                  if i is not inst and i.weight > 0 and i.waiters]
+        for lease in self.holders():
+            if lease.inst is not inst and lease.inst.weight > 0:
+                running = max(0, now - lease.granted_ns - lease.prepaid_ns)
+                active.append(lease.inst.vruntime + running * VR_SCALE // self._weight_for_vtime(lease.inst))
         inst.vruntime = max([inst.vruntime, self.min_vr, *active])
 
     def _update_min_vr(self) -> None:
@@ -529,9 +543,8 @@ class GpuScheduler:
         lease = Lease(
             next(self._lease_ids), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid
         )
-        effects: list[Effect] = [
-            Grant(c, self.index, lease.id, deadline, now - t) for c, t in sorted(inst.waiters.items())
-        ]
+        waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
+        effects: list[Effect] = [Grant(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
         inst.waiters.clear()
         inst.grants += 1
         self.stats.grants += 1
@@ -553,6 +566,8 @@ class GpuScheduler:
         if lease is not None:
             if not lease.highprio and self._hp_candidate() is not None and self._hp_ready(now):
                 return self._revoke(lease, now, "highprio")
+            if lease.nominal_ns is not None and lease.revoked_ns is None and self._contended(lease.inst):
+                return self._end_extension(lease, now)
             return []
         hp = self._hp_candidate()
         if hp is not None and self._hp_ready(now):
@@ -569,9 +584,9 @@ class GpuScheduler:
     def _schedule_native(self, now: int) -> list[Effect]:
         effects: list[Effect] = []
         for inst in self.instances.values():
-            if inst.weight == 0:
+            if inst.weight == 0 or not inst.waiters:
                 continue
-            for client, t in sorted(inst.waiters.items()):
+            for client, t in list(inst.waiters.items()):
                 lease = Lease(next(self._lease_ids), inst, {client}, now, now + 1000 * NS_PER_MS)
                 self.native[client] = lease
                 inst.grants += 1
@@ -601,8 +616,34 @@ class GpuScheduler:
             full = self._turn_ns(inst)
             length = self._pay_debt(inst, full)
             if length > 0:
-                return self._grant(inst, now, now + length)
+                return self._grant_turn(inst, now, length)
         return []
+
+    def _contended(self, inst: InstanceState) -> bool:
+        """Whether another instance wants the GPU that ``inst`` holds (policies 1, 2, 4)."""
+        others = [i for i in self._normal_members() if i is not inst]
+        if self.settings.policy == WEIGHTED:
+            return bool(others)  # a registered instance's turns pass even while it is idle
+        return any(i.waiters for i in others)
+
+    def _grant_turn(self, inst: InstanceState, now: int, length: int) -> list[Effect]:
+        """Grant a turn; extend it while nobody else wants the GPU (no renewals when alone)."""
+        if self._contended(inst) or inst.highprio:
+            return self._grant(inst, now, now + length)
+        effects = self._grant(inst, now, now + max(length, EXTENDED_NS))
+        assert self.lease is not None
+        self.lease.nominal_ns = now + length
+        return effects
+
+    def _end_extension(self, lease: Lease, now: int) -> list[Effect]:
+        """Someone else wants the GPU: the holder keeps its nominal turn, and no more."""
+        nominal = lease.nominal_ns
+        assert nominal is not None
+        lease.nominal_ns = None
+        if now >= nominal:
+            return self._revoke(lease, now, "turn")
+        lease.deadline_ns = nominal
+        return [Grant(c, self.index, lease.id, nominal, 0) for c in sorted(lease.clients)]
 
     def _turn_ns(self, inst: InstanceState) -> int:
         """The nominal length of one turn of ``inst``: one slice, or w slices when weighted."""
@@ -642,7 +683,7 @@ class GpuScheduler:
             if length > 0:
                 break
         if inst.waiters:
-            return self._grant(inst, now, now + length)
+            return self._grant_turn(inst, now, length)
         inst.vruntime += length * VR_SCALE // inst.weight
         self._turns += 1
         inst.served = self._turns  # an idle turn is a turn

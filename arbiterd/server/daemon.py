@@ -72,6 +72,7 @@ class Daemon:
         self.started_at = time.time()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
+        self._arm_pending = False
         self._servers: list[asyncio.AbstractServer] = []
         self._bound_paths: list[Path] = []
         self._admin_runner: web.AppRunner | None = None
@@ -141,9 +142,12 @@ class Daemon:
                 if eff.reason == "overrun":
                     log.warning("GPU %d client %d (pid %d): lease %d overran its deadline; revoked",
                                 eff.gpu, conn.cid, conn.pid, eff.lease)
-        self._arm_timer()
+        if not self._arm_pending:  # once per loop iteration, however many messages it handled
+            self._arm_pending = True
+            asyncio.get_running_loop().call_soon(self._arm_timer)
 
     def _arm_timer(self) -> None:
+        self._arm_pending = False
         at = self.arbiter.next_wakeup()
         if at == self._timer_at and self._timer is not None:
             return

@@ -88,8 +88,9 @@ def test_disconnect_ends_the_lease_and_hands_over() -> None:
     arb = make()
     reg(arb, 1, "a")
     reg(arb, 2, "b")
-    (g1,) = arb.acquire(1, 0, 0)
-    assert arb.acquire(2, 0, 0) == []
+    (g1,) = arb.acquire(1, 0, 0)  # uncontended: an extended lease
+    shortened = arb.acquire(2, 0, 0)  # b waits; a's lease is cut back to its nominal turn
+    assert [(e.client, e.lease, e.deadline_ns) for e in shortened] == [(1, g1.lease, 5_000_000)]
     effects = arb.disconnect(1, 1000)
     assert [e.client for e in effects if isinstance(e, Grant)] == [2]
     assert g1.client == 1

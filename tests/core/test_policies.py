@@ -176,8 +176,9 @@ def test_hung_holder_is_cut_off_after_overrun_bound_and_counted() -> None:
     sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5, overrun_ms=50))
     sched.add_instance("A", 1, False, 0)
     sched.add_instance("B", 1, False, 0)
-    (g,) = sched.acquire("A", 1, 0)
-    assert sched.acquire("B", 2, 0) == []
+    sched.acquire("A", 1, 0)
+    (g,) = sched.acquire("B", 2, 0)  # B waits: A's extended lease is cut back to its 5 ms turn
+    assert g.client == 1 and g.deadline_ns == 5 * NS_PER_MS
     assert sched.next_wakeup() == g.deadline_ns + 50 * NS_PER_MS
     effects = sched.tick(g.deadline_ns + 50 * NS_PER_MS)
     assert effects[0] == Revoke(1, 0, g.lease, "overrun")
@@ -243,3 +244,23 @@ def test_policy_switch_restarts_fairness() -> None:
     sim.run(9 * NS_PER_S)  # goes on from 4 s on the same virtual clock
     gained = {n: sched.held_ns(n, sim.now) - before[n] for n in "AB"}
     assert gained["B"] / gained["A"] == pytest.approx(2.0, rel=0.01)
+
+
+def test_lone_holder_lease_is_extended_until_someone_waits() -> None:
+    """Policies 1/4: no renewals while alone; a newcomer gets the GPU after the holder's nominal turn."""
+    sched = GpuScheduler(0, GpuSettings(policy=4, slice_ms=5))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    (g,) = sched.acquire("A", 1, 0)
+    assert g.deadline_ns >= NS_PER_S
+    assert sched.acquire("B", 2, 2 * NS_PER_MS) == [Grant(1, 0, g.lease, 5 * NS_PER_MS, 0)]  # shortened
+    (g2,) = sched.acquire("A", 3, 3 * NS_PER_MS)  # another client of A joins the shortened lease
+    assert g2.deadline_ns == 5 * NS_PER_MS
+    # past the nominal turn, a newcomer makes the holder yield at once
+    sched2 = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5))
+    sched2.add_instance("A", 1, False, 0)
+    sched2.add_instance("B", 1, False, 0)
+    (g,) = sched2.acquire("A", 1, 0)
+    assert sched2.acquire("B", 2, 400 * NS_PER_MS) == [Revoke(1, 0, g.lease, "turn")]
+    effects, _ = sched2.release(1, g.lease, 401 * NS_PER_MS)
+    assert [e.client for e in effects] == [2]
