@@ -497,7 +497,7 @@ class GpuScheduler:
         if self.lease is None and not self.native and self._busy_since is not None:
             self.stats.busy_ns += busy_end - self._busy_since
             self._busy_since = None
-        self._update_min_vr()
+        self._update_min_vr(inst)
 
     def _place(self, inst: InstanceState, now: int) -> None:
         """Put an instance that (re)gains demand at the tail of the current round.
@@ -510,22 +510,24 @@ class GpuScheduler:
                   if i is not inst and i.weight > 0 and i.waiters]
         for lease in self.holders():
             if lease.inst is not inst and lease.inst.weight > 0:
-                running = max(0, now - lease.granted_ns - lease.prepaid_ns)
+                # up to the deadline only: time past it is debt, charged at the holder's next turn
+                running = max(0, min(now, lease.deadline_ns) - lease.granted_ns - lease.prepaid_ns)
                 active.append(lease.inst.vruntime + running * VR_SCALE // self._weight_for_vtime(lease.inst))
         inst.vruntime = max([inst.vruntime, self.min_vr, *active])
 
-    def _update_min_vr(self) -> None:
+    def _update_min_vr(self, current: InstanceState | None = None) -> None:
         """Move ``min_vr`` forward to the least vruntime among instances with demand.
 
-        An instance whose lease just ended without asking again does not count: when
-        it comes back it is placed at the others' level and forfeits the unused rest
-        of its turn (no banking). One that renews keeps its place (``release(again)``).
+        ``current``, the instance whose lease just ended, counts too (as CFS counts
+        ``curr``): while one instance runs alone, ``min_vr`` follows it, so an
+        instance that comes back later cannot claim that time.
         """
         holding = {lease.inst for lease in self.holders()}
         active = [
             i.vruntime
             for i in self.instances.values()
-            if i.weight > 0 and (i.waiters or i in holding or self.settings.policy == WEIGHTED)
+            if i.weight > 0
+            and (i.waiters or i in holding or i is current or self.settings.policy == WEIGHTED)
         ]
         if active:
             self.min_vr = max(self.min_vr, min(active))

@@ -160,7 +160,7 @@ def _max_waits(policy: int, specs: list[tuple[int, Workload]]) -> tuple[Simulati
     return sim, {n: r.max_wait_ns for n, r in res.instances.items()}, round_ns
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.sampled_from([1, 2, 4]), st.lists(st.tuples(st.integers(1, 4), workloads(5)), min_size=1, max_size=4))
 def test_waiting_is_bounded_by_one_round(policy: int, specs: list[tuple[int, Workload]]) -> None:
     """Ops no longer than a slice: under policies 1, 2 and 4 a waiter is served within one
@@ -171,7 +171,7 @@ def test_waiting_is_bounded_by_one_round(policy: int, specs: list[tuple[int, Wor
         assert wait <= round_ns, (name, wait / 1e6, round_ns / 1e6)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.sampled_from([1, 2, 4]), st.lists(st.tuples(st.integers(1, 4), workloads(25)), min_size=1, max_size=3))
 def test_waiting_with_ops_longer_than_a_slice(policy: int, specs: list[tuple[int, Workload]]) -> None:
     """Ops longer than a slice: the overrun is charged, so exact shares mean the others get
