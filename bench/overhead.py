@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import results
 from libcgpu_client.aio import AsyncClient
 from libcgpu_client.client import Client, wait_for_socket
 from libcgpu_client.gate import Gate
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per grant round-trip level")
     p.add_argument("--rounds", type=int, default=30, help="ResNet-50 batches per side")
+    p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
     sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
@@ -216,8 +218,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"interposer on {name}: {r['gated_ms']} ms vs {r['plain_ms']} ms per batch, "
                   f"{r['overhead_pct']} % ({r['ops_per_batch']} ops, {r['per_op_us']} us per op)")
     g64 = grants["64"]
-    print(f"grant_p50_us={g64['p50_us']} grant_p99_us={g64['p99_us']} fastpath_ns={fast:.0f} "
-          f"interposer_overhead_pct={interp['resnet50_b16_64px']['overhead_pct']}")
+    line = (f"grant_p50_us={g64['p50_us']} grant_p99_us={g64['p99_us']} fastpath_ns={fast:.0f} "
+            f"interposer_overhead_pct={interp['resnet50_b16_64px']['overhead_pct']}")
+    if not args.no_results:
+        body = ["| clients | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
+        body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |" for n, g in grants.items()]
+        body += ["", f"Gate fast path: {fast:.1f} ns per check (target 1 us).", "",
+                 "| interposer on | ops/batch | gated ms | plain ms | overhead | per op |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        body += [f"| {name} | {r['ops_per_batch']} | {r['gated_ms']} | {r['plain_ms']} | {r['overhead_pct']} % | "
+                 f"{r['per_op_us']} us |" for name, r in interp.items()]
+        cmd = "python -m bench.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
+        results.update("overhead", cmd.strip(), "\n".join(body) + f"\n\n{line}\n")
+    print(line)
     return 0
 
 

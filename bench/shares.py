@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.scheduler import GpuSettings
 from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
+from bench import results
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--seconds", type=float, default=60.0, help="virtual seconds per scenario")
     parser.add_argument("--only", help="run only scenarios whose name contains this")
+    parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = parser.parse_args(argv)
     rows = []
     worst = 0.0
@@ -129,6 +131,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['measured_pct']:10.2f} {abs(r['target_pct'] - r['measured_pct']):7.2f}")
             print(f"{'':28} {'idle':4} {row['idle']['target_pct']:8.2f} "
                   f"{row['idle']['measured_pct']:10.2f}")
+    if not args.no_results and args.only is None:
+        lines = [f"Every scenario of SPEC §3 and §4, {args.seconds:.0f} s of virtual time each, slices of 5 ms.",
+                 "", "| scenario | policy | instance | target % | measured % | error pp |",
+                 "| --- | ---: | --- | ---: | ---: | ---: |"]
+        for row in rows:
+            for name, r in [*row["instances"].items(), ("idle", row["idle"])]:
+                lines.append(f"| {row['scenario']} | {row['policy']} | {name} | {r['target_pct']:.2f} | "
+                             f"{r['measured_pct']:.2f} | {abs(r['target_pct'] - r['measured_pct']):.2f} |")
+        cmd = "python -m bench.shares " + " ".join(argv if argv is not None else sys.argv[1:])
+        results.update("shares", cmd.strip(), "\n".join(lines) + f"\n\nmax_error_pp={worst:.3f}\n")
     print(f"max_error_pp={worst:.3f}")
     return 0 if worst <= 1.0 else 1
 

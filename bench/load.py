@@ -1,0 +1,202 @@
+"""Load: 8 simulated GPUs x 25 instances x 2 processes = 400 clients, mixed busy and bursty work.
+
+    python -m bench.load [--json] [--seconds 60] [--gpus 8] [--instances 25] [--procs 2] [--workers 4]
+
+Every instance has weight 1 on a GPU with max_inst 25 and policy 4 (weak,
+work-conserving). Each client is an asyncio connection in one of ``--workers``
+load processes: it acquires a lease, "runs" 1 ms ops until the lease's
+deadline (or a revoke), then renews; bursty instances (every other one) stop
+for 20-200 ms between bursts of 20-200 ms. The clients record every grant,
+release and revoke with CLOCK_MONOTONIC times (host-wide).
+
+Reported: grants/s, grant latency p50/p99 (acquire to grant, including the
+wait for the GPU, so it is a queueing figure), the largest share error in
+percentage points (busy instances of one GPU, all of weight 1, must get equal
+time: the error is each one's held time against their mean, over the
+window), the daemon's CPU use, and ``lost``: acquires never answered plus
+moments at which two instances held one GPU (intervals from grant received
+to release sent, which must never overlap across instances). The output ends
+with ``clients=<n> grants_per_s=<n> p50_us=<n> p99_us=<n> max_share_error_pp=<x>
+lost=<n> daemon_cpu_pct=<x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from arbiterd.tools.adminclient import AdminClient
+from bench import results
+from libcgpu_client.aio import AsyncClient
+from libcgpu_client.client import wait_for_socket
+
+ROOT = Path(__file__).resolve().parent.parent
+OP_S = 0.001
+
+
+def _tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+async def _client(sock: str, gpu: int, inst: str, bursty: bool, end: float, log: dict[str, Any]) -> None:
+    c = await AsyncClient.connect(sock, inst, [gpu])
+    rnd = random.Random(f"{inst}-{id(log)}")
+    while time.monotonic() < end:
+        on_until = time.monotonic() + (rnd.uniform(0.02, 0.2) if bursty else 1e9)
+        while time.monotonic() < min(end, on_until):
+            t0 = time.monotonic_ns()
+            log["asked"] += 1
+            try:
+                lease, deadline = await asyncio.wait_for(c.acquire(gpu), timeout=30)
+            except TimeoutError:
+                log["unanswered"] += 1
+                break
+            got = time.monotonic_ns()
+            log["latency_us"].append((got - t0) / 1e3)
+            while time.monotonic_ns() < deadline and c.revoked.get(gpu) != lease and time.monotonic() < on_until:
+                await asyncio.sleep(OP_S)  # an op "running on the GPU"
+            released = time.monotonic_ns()
+            c.release(gpu, lease, released - got)
+            log["held"].append((gpu, inst, got, released))
+        if bursty and time.monotonic() < end:
+            await asyncio.sleep(rnd.uniform(0.02, 0.2))
+    await c.close()
+
+
+async def _worker_main(sock: str, specs: list[tuple[int, str, bool]], seconds: float) -> dict[str, Any]:
+    log: dict[str, Any] = {"asked": 0, "unanswered": 0, "latency_us": [], "held": []}
+    end = time.monotonic() + seconds
+    await asyncio.gather(*(_client(sock, g, i, b, end, log) for g, i, b in specs))
+    return log
+
+
+def worker(sock: str, specs_json: str, seconds: float, out: str) -> None:
+    import uvloop
+
+    specs = [tuple(s) for s in json.loads(specs_json)]
+    Path(out).write_text(json.dumps(uvloop.run(_worker_main(sock, specs, seconds))))  # type: ignore[arg-type]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def overlaps(held: list[list[Any]]) -> int:
+    """Moments at which two different instances held one GPU (client-side intervals)."""
+    bad = 0
+    by_gpu: dict[int, list[tuple[int, int, str]]] = {}
+    for gpu, inst, start, end in held:
+        by_gpu.setdefault(gpu, []).append((start, end, inst))
+    for intervals in by_gpu.values():
+        intervals.sort()
+        last_end, last_inst = 0, ""
+        for start, end, inst in intervals:
+            if start < last_end and inst != last_inst:
+                bad += 1
+            if end > last_end:
+                last_end, last_inst = end, inst
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--instances", type=int, default=25, help="instances per GPU")
+    p.add_argument("--procs", type=int, default=2, help="client processes per instance")
+    p.add_argument("--workers", type=int, default=4, help="load-generating processes")
+    p.add_argument("--no-results", action="store_true")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="cgpu-load-"))
+    sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
+    daemon = subprocess.Popen([_tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
+                               "--sim-gpus", f"{args.gpus}x16GiB", "--identity", "declared", "--policy", "4",
+                               "--max-inst", "25", "--max-clients", "4096", "--log-level", "warning"])
+    try:
+        if not wait_for_socket(sock, 20) or not wait_for_socket(admin, 20):
+            raise RuntimeError("arbiterd did not start")
+        specs = [(g, f"g{g}-i{i}", i % 2 == 1) for g in range(args.gpus) for i in range(args.instances)
+                 for _ in range(args.procs)]
+        random.Random(1).shuffle(specs)
+        parts = [specs[k::args.workers] for k in range(args.workers)]
+        outs = [str(tmp / f"w{k}.json") for k in range(args.workers)]
+        cpu0, t0 = cpu_seconds(daemon.pid), time.monotonic()
+        held0 = _held(admin)
+        procs = [subprocess.Popen([sys.executable, "-c", "import sys; from bench.load import worker; "
+                                   "worker(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4])",
+                                   sock, json.dumps(part), str(args.seconds), out], cwd=ROOT)
+                 for part, out in zip(parts, outs, strict=True)]
+        time.sleep(min(5.0, args.seconds / 4))
+        held_a, ta = _held(admin), time.monotonic()
+        time.sleep(max(0.0, args.seconds - (time.monotonic() - t0) - 1.0))
+        held_b, tb = _held(admin), time.monotonic()
+        for proc in procs:
+            if proc.wait(timeout=args.seconds + 120) != 0:
+                raise RuntimeError("a load process failed")
+        wall = time.monotonic() - t0
+        cpu = cpu_seconds(daemon.pid) - cpu0
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    logs = [json.loads(Path(o).read_text()) for o in outs]
+    latency = sorted(x for log in logs for x in log["latency_us"])
+    held = [h for log in logs for h in log["held"]]
+    asked = sum(log["asked"] for log in logs)
+    unanswered = sum(log["unanswered"] for log in logs)
+    twice = overlaps(held)
+    errors = []
+    for g in range(args.gpus):
+        busy = [f"g{g}-i{i}" for i in range(args.instances) if i % 2 == 0]
+        got = [held_b.get(n, 0.0) - held_a.get(n, 0.0) for n in busy]
+        mean = sum(got) / len(got)
+        errors += [abs(x - mean) / (tb - ta) * 100 for x in got]
+    del held0
+    doc = {
+        "clients": len(specs), "gpus": args.gpus, "instances_per_gpu": args.instances, "seconds": args.seconds,
+        "grants": len(latency), "grants_per_s": len(latency) / wall,
+        "p50_us": latency[len(latency) // 2], "p99_us": latency[int(len(latency) * 0.99)],
+        "max_share_error_pp": max(errors), "lost": unanswered + twice, "unanswered": unanswered,
+        "held_twice": twice, "acquires": asked, "daemon_cpu_pct": 100 * cpu / wall,
+    }
+    line = (f"clients={doc['clients']} grants_per_s={doc['grants_per_s']:.0f} p50_us={doc['p50_us']:.0f} "
+            f"p99_us={doc['p99_us']:.0f} max_share_error_pp={doc['max_share_error_pp']:.2f} lost={doc['lost']} "
+            f"daemon_cpu_pct={doc['daemon_cpu_pct']:.1f}")
+    table = "\n".join([
+        f"{args.gpus} simulated GPUs x {args.instances} instances x {args.procs} processes = {len(specs)} clients, "
+        f"policy 4, half busy and half bursty, {args.seconds:.0f} s",
+        "",
+        "| grants/s | grant latency p50 | p99 | max share error | acquires | unanswered | held twice | daemon CPU |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {doc['grants_per_s']:.0f} | {doc['p50_us']:.0f} us | {doc['p99_us']:.0f} us | "
+        f"{doc['max_share_error_pp']:.2f} pp | {asked} | {unanswered} | {twice} | {doc['daemon_cpu_pct']:.1f} % |",
+    ])
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    print(table)
+    if not args.no_results:
+        cmd = "python -m bench.load " + " ".join(argv if argv is not None else sys.argv[1:])
+        results.update("load", cmd.strip(), table + "\n\n" + line + "\n")
+    print(line)
+    return 0
+
+
+def _held(admin: str) -> dict[str, float]:
+    doc = AdminClient(admin).status()
+    return {i["id"]: float(i["held_seconds"]) for g in doc["gpus"] for i in g["instances"]}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
