@@ -53,7 +53,14 @@ class AsyncClient:
                       highprio: bool = False, memsize: list[int] | None = None) -> AsyncClient:
         self = cls()
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), path)
+        for attempt in range(200):
+            try:
+                transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), path)
+                break
+            except BlockingIOError:  # EAGAIN: the listen backlog is full for a moment
+                if attempt == 199:
+                    raise
+                await asyncio.sleep(0.01)
         self.transport = transport
         hello = self._request({"op": "hello", "versions": list(wire.SUPPORTED_VERSIONS),
                                "client": f"libcgpu_client.aio/{__version__}", "pid": os.getpid()}, key=0)
@@ -92,6 +99,17 @@ class AsyncClient:
         self._grants[gpu] = fut
         assert self.transport is not None
         self.transport.write(wire.pack({"op": "acquire", "id": 0, "gpu": gpu}))
+        return await fut
+
+    async def renew(self, gpu: int, lease: int, used_ns: int) -> tuple[int, int]:
+        """Give a lease back and ask again in one message (keeps the place in the round)."""
+        if self._error is not None:
+            raise self._error
+        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._grants[gpu] = fut
+        assert self.transport is not None
+        self.transport.write(wire.pack({"op": "release", "gpu": gpu, "lease": lease, "used_ns": used_ns,
+                                        "again": True}))
         return await fut
 
     def release(self, gpu: int, lease: int, used_ns: int) -> None:

@@ -45,7 +45,9 @@ length.
 * Time held past a lease's deadline (an op that outlasted the slice) is the
   instance's *debt*: it is charged, and paid by shortening (or skipping) the
   instance's next turn, so turns keep their order and nobody waits more than
-  one round while the long-run shares stay exact.
+  one round while the long-run shares stay exact. Debt is capped at 20 slices:
+  ops up to that long stay exact, and one stall (a client that answered
+  seconds late) cannot cost its instance minutes of skipped turns.
 * A holder still holding ``overrun_ns`` after its deadline (or after a
   revoke) is cut off: its lease is ended, charged up to that moment, and
   counted in ``stats.overruns``.
@@ -68,6 +70,7 @@ WORK_CONSERVING = (PREEMPTIVE, WEAK, NATIVE)
 
 VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
 HANDOFF_SAMPLES = 63
+DEBT_CAP_SLICES = 20  # debt beyond this (a stalled client) is not repaid by skipping turns
 EXTENDED_NS = 1_000_000_000  # an uncontended lease runs this long before the client renews
 HANDOFF_MAX_NS = 1_000_000  # a transit longer than 1 ms is not a handoff sample
 
@@ -486,12 +489,12 @@ class GpuScheduler:
         else:
             # the overrun becomes debt, paid by shortening the next lease: turns stay in order
             charged = max(0, held - overrun - lease.prepaid_ns)
-            inst.debt_ns += overrun
+            inst.debt_ns = min(inst.debt_ns + overrun, DEBT_CAP_SLICES * self.slice_ns)
         inst.vruntime += charged * VR_SCALE // self._weight_for_vtime(inst)
         if lease.highprio:
             self._hp_credit = min(self._hp_credit - 100 * held, self._hp_cap())
         if lease.ring:
-            inst.debt_ns += overrun
+            inst.debt_ns = min(inst.debt_ns + overrun, DEBT_CAP_SLICES * self.slice_ns)
             if busy_end >= lease.deadline_ns and self._ring and not self._ring_dirty:
                 self._ring_start((self._seg_idx + 1) % len(self._ring), busy_end)
         if self.lease is None and not self.native and self._busy_since is not None:

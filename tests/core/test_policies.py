@@ -264,3 +264,15 @@ def test_lone_holder_lease_is_extended_until_someone_waits() -> None:
     assert sched2.acquire("B", 2, 400 * NS_PER_MS) == [Revoke(1, 0, g.lease, "turn")]
     effects, _ = sched2.release(1, g.lease, 401 * NS_PER_MS)
     assert [e.client for e in effects] == [2]
+
+
+def test_a_stall_costs_at_most_twenty_slices_of_skipped_turns() -> None:
+    """A holder that answers 3 s late is charged for it, but repays at most 20 slices by skipping."""
+    sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5, overrun_ms=10_000))
+    for name in "AB":
+        sched.add_instance(name, 1, False, 0)
+    sched.acquire("A", 1, 0)
+    (g,) = sched.acquire("B", 2, 0)  # cuts A's extended lease back to 5 ms
+    sched.release(1, g.lease, 3 * NS_PER_S, again=True)  # A answers 3 s late
+    assert sched.instances["A"].debt_ns == 20 * 5 * NS_PER_MS
+    assert sched.held_ns("A", 3 * NS_PER_S) == 3 * NS_PER_S
