@@ -21,15 +21,10 @@ GPU host.
 
 Slices are 20 ms on the CPU (5 ms, the daemon's default, on CUDA). The
 daemon's held time is 1:2 at any slice length (the "held-time ratio"
-column), but each switch between the two processes costs the new holder a
-few hundred microseconds of cache and TLB refill *inside* its turn: measured
-here at batch 16, 5 ms slices gave an images/s ratio of 2.15, 10 ms 2.11,
-20 ms 2.02, with held time 2.00 to 2.01 in all three. The weight-1 instance
-has half the turn length and pays that refill twice as often per unit of
-share. A GPU context switch costs tens of microseconds, so 5 ms there is
-comparable to 20 ms here. images/s is measured between the first and the last batch that
-complete inside the window. The output ends with
-``min_ratio=<x> max_ratio=<y> aggregate_vs_exclusive=<z>``.
+column). The images/s ratio of the CPU as simulated GPU comes out a few per
+cent above 2 at 5 and 10 ms slices (2.15 and 2.11 at batch 16) and closer
+to 2 at 20 ms; longer slices than that did not help further (see
+bench/RESULTS.md).
 """
 
 from __future__ import annotations
