@@ -20,18 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import ROOT, tool
 from libcgpu_client.client import wait_for_socket
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _tool(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
 
 
 def _held(admin: str) -> dict[str, float]:
-    out = subprocess.run([_tool("cgpu-smi"), "--admin", admin, "--json"], capture_output=True, text=True,
+    out = subprocess.run([tool("cgpu-smi"), "--admin", admin, "--json"], capture_output=True, text=True,
                          check=True).stdout
     return {i["id"]: i["held_seconds"] for g in json.loads(out)["gpus"] for i in g["instances"]}
 
@@ -46,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     sock, admin = str(run_dir / "arbiter.sock"), str(run_dir / "admin.sock")
     print(f"$ arbiterd --run-dir {run_dir} --state-dir {state_dir} --sim-gpus 1x16GiB --policy 2 "
           "--identity declared")
-    daemon = subprocess.Popen([_tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(state_dir),
+    daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(state_dir),
                                "--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared"],
                               stderr=subprocess.PIPE, text=True)
     try:
@@ -66,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         for cmd in (["cgpu-smi"], ["cgpuctl", "ls", "0"], ["cgpuctl", "cat", "0/job-b/weight"],
                     ["cgpuctl", "echo", "9", "0/policy"]):
             print(f"\n$ {' '.join(cmd)}", flush=True)
-            proc = subprocess.run([_tool(cmd[0]), "--admin", admin, *cmd[1:]], capture_output=True, text=True)
+            proc = subprocess.run([tool(cmd[0]), "--admin", admin, *cmd[1:]], capture_output=True, text=True)
             sys.stdout.write(proc.stdout + proc.stderr)
             if cmd[0] == "cgpuctl" and cmd[1] == "echo":
                 print(f"(exit code {proc.returncode}: the value is refused and nothing changes)")

@@ -36,16 +36,12 @@ from typing import Any
 
 from arbiterd.tools.adminclient import AdminClient
 from bench import results
+from bench.common import ROOT, tool
 from libcgpu_client.aio import AsyncClient
 from libcgpu_client.client import wait_for_socket
 
-ROOT = Path(__file__).resolve().parent.parent
 OP_S = 0.001
 
-
-def _tool(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
 
 
 async def _client(sock: str, gpu: int, inst: str, bursty: bool, end: float, log: dict[str, Any]) -> None:
@@ -128,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-load-"))
     sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
-    daemon = subprocess.Popen([_tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
+    daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
                                "--sim-gpus", f"{args.gpus}x16GiB", "--identity", "declared", "--policy", "4",
                                "--max-inst", "25", "--max-clients", "4096", "--log-level", "warning",
                                # the load processes are Python on a 2-core machine: at start-up they may

@@ -33,17 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
+from bench.common import ROOT, tool
 from libcgpu_client.aio import AsyncClient
 from libcgpu_client.client import Client, wait_for_socket
 from libcgpu_client.gate import Gate
 
-ROOT = Path(__file__).resolve().parent.parent
 SLICE_S = 0.005
 
-
-def _tool(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -174,7 +170,7 @@ print(json.dumps(results))
 
 def interposer_overhead(sock: str, rounds: int) -> dict[str, Any]:
     env = {**os.environ, "CGPU_SOCKET": sock, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.run([_tool("cgpu-run"), "--device", "cpu", "--instance", "overhead", "--gpus", "1", "--",
+    proc = subprocess.run([tool("cgpu-run"), "--device", "cpu", "--instance", "overhead", "--gpus", "1", "--",
                            sys.executable, "-c", INTERPOSER_PROBE, str(ROOT), str(rounds)],
                           capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -193,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
     sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
-    daemon = subprocess.Popen([_tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
+    daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
                                "--sim-gpus", "2x16GiB", "--identity", "declared", "--max-clients", "4096",
                                "--max-inst", "25", "--log-level", "warning"])
     try:
         if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
             raise RuntimeError("arbiterd did not start")
-        subprocess.run([_tool("cgpuctl"), "--admin", admin, "echo", "5", "0/policy"], check=True)
+        subprocess.run([tool("cgpuctl"), "--admin", admin, "echo", "5", "0/policy"], check=True)
         grants = grant_round_trip(sock, args.seconds)
         fast = fast_path(sock)
         interp = interposer_overhead(sock, args.rounds)

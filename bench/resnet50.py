@@ -43,18 +43,14 @@ from typing import Any
 
 from arbiterd.tools.adminclient import AdminClient
 from bench import results
+from bench.common import ROOT, tool
 from libcgpu_client.client import wait_for_socket
 
-ROOT = Path(__file__).resolve().parent.parent
 # Seed 001: two containers on one A10, compute ratio 1:2 (images/s)
 REFERENCE_TF = {16: (151, 307, 2.03), 32: (204, 418, 2.05), 64: (247, 503, 2.04), 128: (257, 516, 2.01)}
 REFERENCE_TRT = {1: (568.05, 1132.08, 1.99), 8: (1586.87, 3055.66, 1.93), 32: (1989.28, 3695.88, 1.86),
                  128: (2205.25, 3901.94, 1.77)}
 
-
-def _tool(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
 
 
 def rate(completions: list[int], batch: int, t0: int, t1: int) -> float:
@@ -94,7 +90,7 @@ class Runner:
                       str(a.image_size), "--out", str(out), "--device", a.device, "--threads", str(a.threads)]
             worker += ["--train"] if a.train else []
             if arbiter:
-                worker = [_tool("cgpu-run"), "--device", a.device, "--socket", self.sock, "--instance", name,
+                worker = [tool("cgpu-run"), "--device", a.device, "--socket", self.sock, "--instance", name,
                           "--weight", str(weight), "--", *worker]
             procs[name] = (subprocess.Popen(worker, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             text=True), out)
@@ -128,7 +124,7 @@ class Runner:
                 out[name]["held_seconds"] = held["end"].get(name, 0.0) - held["start"].get(name, 0.0)
         if arbiter:
             for name, _ in instances:  # leave no record behind: a registered instance takes turns (policy 2)
-                subprocess.run([_tool("cgpuctl"), "--admin", self.admin, "echo", f"remove {name}", "inst_ctl"],
+                subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", f"remove {name}", "inst_ctl"],
                                capture_output=True)
         return out
 
@@ -195,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run_dir = tmp / "run"
         sock, admin = str(run_dir / "arbiter.sock"), str(run_dir / "admin.sock")
-        cmd = [_tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(tmp / "state"),
+        cmd = [tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(tmp / "state"),
                "--identity", "declared", "--slice-ms", str(args.slice_ms), "--log-level", "warning"]
         if args.device == "cpu":
             cmd += ["--sim-gpus", "1x16GiB"]
@@ -203,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if not wait_for_socket(sock, 20) or not wait_for_socket(admin, 20):
             print("resnet50: arbiterd did not start", file=sys.stderr)
             return 1
-    ctl = [_tool("cgpuctl"), "--admin", admin]
+    ctl = [tool("cgpuctl"), "--admin", admin]
     try:
         subprocess.run([*ctl, "echo", str(args.policy), "0/policy"], check=True)
         runner = Runner(args, sock, admin, tmp)

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,42 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class BackgroundGate:
+    """A well-behaved client working through its gate in a thread while a test misbehaves.
+
+    Each loop holds the lease for ``hold_s`` and then idles a little, so the lease is
+    given back and asked for again all the time. Errors are kept for the test to assert.
+    """
+
+    def __init__(self, sock: str, instance: str = "good", hold_s: float = 0.0005) -> None:
+        from libcgpu_client.client import Client
+        from libcgpu_client.gate import Gate
+
+        self.client = Client(sock, instance, [0])
+        assert self.client.start(10)
+        self.gate = Gate(self.client, 0, idle_ms=1.0)
+        self.hold_s = hold_s
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, daemon=True)
+
+    def _work(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self.gate.work():
+                    time.sleep(self.hold_s)
+                time.sleep(0.002)
+        except BaseException as exc:  # kept for the test to assert on
+            self.errors.append(exc)
+
+    def __enter__(self) -> BackgroundGate:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.gate.close()
+        self.client.close()

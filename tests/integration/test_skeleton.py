@@ -6,15 +6,12 @@ import itertools
 import json
 import subprocess
 import sys
-import threading
 import time
 
 import msgpack
 import pytest
 
-from libcgpu_client.client import Client
-from libcgpu_client.gate import Gate
-from tests.helpers import ROOT, RawClient, tool
+from tests.helpers import ROOT, BackgroundGate, DaemonProc, RawClient, tool
 
 
 def spawn(module: str, *args: object) -> subprocess.Popen[str]:
@@ -52,24 +49,17 @@ def test_two_client_processes_never_hold_the_gpu_together_and_both_progress(daem
 
 def test_garbage_truncated_and_oversized_frames_only_hurt_their_sender(daemon_factory: type) -> None:
     d = daemon_factory.start("--sim-gpus", "1x16GiB", "--identity", "declared")
-    good = Client(d.sock, "good", [0])
-    assert good.start(10)
-    gate = Gate(good, 0, idle_ms=1.0)
-    grants_before = gate.acquires
-    stop = threading.Event()
-    errors: list[BaseException] = []
+    with BackgroundGate(d.sock) as good:
+        grants_before = good.gate.acquires
+        _send_bad_frames(d)
+        time.sleep(0.3)
+    assert good.errors == []
+    assert good.gate.acquires - grants_before > 20  # the good client kept getting leases throughout
+    assert good.client.connects == 1  # and never lost its connection
+    assert d.proc.poll() is None
 
-    def work() -> None:
-        try:
-            while not stop.is_set():
-                with gate.work():
-                    time.sleep(0.0005)
-                time.sleep(0.002)  # idle gaps: the lease is given back and asked for again
-        except BaseException as exc:  # recorded and asserted on below
-            errors.append(exc)
 
-    t = threading.Thread(target=work)
-    t.start()
+def _send_bad_frames(d: DaemonProc) -> None:
     bad_frames = [b"\xc1\xc1\xc1", b"\xff" * 64, msgpack.packb([1, 2, 3]), msgpack.packb("hello"),
                   msgpack.packb({"op": "hello", "versions": [1], "client": "x" * 70000})]
     for frame in bad_frames:
@@ -93,11 +83,3 @@ def test_garbage_truncated_and_oversized_frames_only_hurt_their_sender(daemon_fa
     raw2.close()
     assert raw.closed(timeout=8.0)  # the truncated frame timed out
     raw.close()
-    time.sleep(0.3)
-    stop.set()
-    t.join(10)
-    assert errors == []
-    assert gate.acquires - grants_before > 20  # the good client kept getting leases throughout
-    assert good.connects == 1  # and never lost its connection
-    good.close()
-    assert d.proc.poll() is None

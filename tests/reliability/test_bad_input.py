@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,8 @@ from hypothesis import strategies as st
 from arbiterd.core import state, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.errors import CoreError
-from libcgpu_client.client import Client
-from libcgpu_client.gate import Gate
 from libcgpu_client.wire import MESSAGES
-from tests.helpers import DaemonProc, RawClient, tool
+from tests.helpers import BackgroundGate, DaemonProc, RawClient, tool
 
 GIB = 1024**3
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True),
@@ -57,29 +54,9 @@ def fuzz_daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = Path(tempfile.mkdtemp(prefix="cg-fz-", dir="/tmp"))
     d = DaemonProc(tmp, "--sim-gpus", "1x16GiB", "--identity", "declared")
     d.start()
-    good = Client(d.sock, "good", [0])
-    assert good.start(10)
-    gate = Gate(good, 0, idle_ms=1.0)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            while not stop.is_set():
-                with gate.work():
-                    time.sleep(0.0002)
-                time.sleep(0.002)
-        except BaseException as exc:  # asserted on after the fuzzing
-            errors.append(exc)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    yield d, gate, good
-    stop.set()
-    t.join(5)
-    assert errors == []
-    gate.close()
-    good.close()
+    with BackgroundGate(d.sock, hold_s=0.0002) as good:
+        yield d, good.gate, good.client
+    assert good.errors == []
     d.stop()
 
 
