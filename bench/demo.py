@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                                     str(weight)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
             for name, weight in (("job-a", 1), ("job-b", 2))
         }
-        time.sleep(1.0)  # both registered and running
+        deadline = time.monotonic() + 30
+        while set(_held(admin)) != {"job-a", "job-b"} and time.monotonic() < deadline:
+            time.sleep(0.1)  # the window opens only once both instances are registered
+        time.sleep(0.5)
         first = _held(admin)
         time.sleep(max(1.0, args.seconds - 3.0))
         second = _held(admin)
