@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
           "--identity declared")
     daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(state_dir),
                                "--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared"],
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=open(tmp / "arbiterd.log", "w"))  # noqa: SIM115 (closed with the daemon)
     try:
         if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
             print("demo: arbiterd did not start", file=sys.stderr)

@@ -646,6 +646,7 @@ class GpuScheduler:
         assert nominal is not None
         lease.nominal_ns = None
         if now >= nominal:
+            lease.deadline_ns = now  # the turn is over: not an early release, no idle rest of turn
             return self._revoke(lease, now, "turn")
         lease.deadline_ns = nominal
         return [Grant(c, self.index, lease.id, nominal, 0) for c in sorted(lease.clients)]

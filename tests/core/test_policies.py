@@ -276,3 +276,34 @@ def test_a_stall_costs_at_most_twenty_slices_of_skipped_turns() -> None:
     sched.release(1, g.lease, 3 * NS_PER_S, again=True)  # A answers 3 s late
     assert sched.instances["A"].debt_ns == 20 * 5 * NS_PER_MS
     assert sched.held_ns("A", 3 * NS_PER_S) == 3 * NS_PER_S
+
+
+@pytest.mark.parametrize("policy", [2, 4])
+def test_late_registration_after_a_long_extended_lease_keeps_exact_shares(policy: int) -> None:
+    """B (weight 2) runs alone on an extended lease for 300 ms, then A registers: 1:2 from then on.
+
+    (The simulator registers everyone at once; this is the order real processes start in.)"""
+    sched = GpuScheduler(0, GpuSettings(policy=policy, slice_ms=5))
+    sched.add_instance("B", 2, False, 0)
+    (g,) = sched.acquire("B", 2, 0)
+    assert g.deadline_ns >= NS_PER_S  # extended: B is alone
+    now = 300 * NS_PER_MS
+    effects = sched.add_instance("A", 1, False, now)  # policy 2: a registered member is contention
+    effects += sched.acquire("A", 1, now)  # policy 4: a waiting one is
+    assert effects == [Revoke(2, 0, g.lease, "turn")]
+    held = {"A": 0, "B": 0}
+    effects, _ = sched.release(2, g.lease, now + NS_PER_MS, again=True)
+    now += NS_PER_MS
+    # B's turn is over: A goes next, and B is charged the 301 ms it held, not its far deadline
+    assert [e.client for e in effects if isinstance(e, Grant)] == [1]
+    assert sched.held_ns("B", now) == 301 * NS_PER_MS
+    start = {n: sched.held_ns(n, now) for n in "AB"}
+    for _ in range(600):  # both always busy: each holder runs to its deadline and renews
+        grants = [e for e in effects if isinstance(e, Grant)]
+        assert len(grants) == 1
+        gr = grants[0]
+        now = max(now, gr.deadline_ns)
+        effects, _ = sched.release(gr.client, gr.lease, now, again=True)
+    for n in "AB":
+        held[n] = sched.held_ns(n, now) - start[n]
+    assert held["B"] / held["A"] == pytest.approx(2.0, rel=0.01)
