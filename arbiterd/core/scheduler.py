@@ -55,7 +55,6 @@ length.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -158,8 +157,10 @@ class GpuScheduler:
         self.lease: Lease | None = None
         self.native: dict[int, Lease] = {}
         self._client_inst: dict[int, InstanceState] = {}
-        self._order = itertools.count()
-        self._lease_ids = itertools.count(1)
+        # plain counters, not itertools.count: the daemon deep-copies the core to try admin
+        # writes, and copying itertools objects is gone from Python 3.14
+        self._orders = 0
+        self._last_lease = 0
         self._turns = 0
         self._handoffs: deque[int] = deque(maxlen=HANDOFF_SAMPLES)
         self._handoff_count = 0
@@ -222,7 +223,8 @@ class GpuScheduler:
             raise SettingError(
                 f"weight {weight} exceeds free_weight {self.free_weight} on GPU {self.index}"
             )
-        inst = InstanceState(name, weight, bool(highprio), next(self._order))
+        self._orders += 1
+        inst = InstanceState(name, weight, bool(highprio), self._orders)
         self._place(inst, now)
         self.instances[name] = inst
         self._ring_dirty = True
@@ -414,6 +416,10 @@ class GpuScheduler:
         return min(times) if times else None
 
     # ------------------------------------------------------------- internals
+    def _next_lease_id(self) -> int:
+        self._last_lease += 1
+        return self._last_lease
+
     def _inst(self, name: str) -> InstanceState:
         try:
             return self.instances[name]
@@ -546,7 +552,7 @@ class GpuScheduler:
         prepaid: int = 0,
     ) -> list[Effect]:
         lease = Lease(
-            next(self._lease_ids), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid
+            self._next_lease_id(), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid
         )
         waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
         effects: list[Effect] = [Grant(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
@@ -592,7 +598,7 @@ class GpuScheduler:
             if inst.weight == 0 or not inst.waiters:
                 continue
             for client, t in list(inst.waiters.items()):
-                lease = Lease(next(self._lease_ids), inst, {client}, now, now + 1000 * NS_PER_MS)
+                lease = Lease(self._next_lease_id(), inst, {client}, now, now + 1000 * NS_PER_MS)
                 self.native[client] = lease
                 inst.grants += 1
                 self.stats.grants += 1

@@ -122,3 +122,16 @@ def test_unprovision_refused_while_clients_are_connected() -> None:
     reg(arb, 1, "a")
     with pytest.raises(SettingError, match="connected"):
         arb.unprovision("a", None, 0)
+
+
+def test_the_arbiter_can_be_deep_copied_to_try_an_admin_write() -> None:
+    """The daemon applies an admin write to a copy first (saved before it applies)."""
+    import copy
+
+    arb = make()
+    reg(arb, 1, "a")
+    arb.acquire(1, 0, 0)
+    trial = copy.deepcopy(arb)
+    trial.scheds[0].set_policy(4, 1)
+    assert arb.scheds[0].settings.policy == 1 and trial.scheds[0].settings.policy == 4
+    assert trial.scheds[0]._next_lease_id() == arb.scheds[0]._next_lease_id()
