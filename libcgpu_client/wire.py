@@ -182,7 +182,7 @@ class Decoder:
             try:
                 msg = self._unpacker.unpack()
             except msgpack.OutOfData:
-                if self._fed - self._unpacker.tell() > self.max_message:
+                if self.pending_bytes > self.max_message:
                     raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
                 return
             except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
@@ -191,3 +191,8 @@ class Decoder:
                     raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
                 raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
             yield msg
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes fed that do not yet form a whole message (a frame still arriving)."""
+        return int(self._fed - self._unpacker.tell())

@@ -621,14 +621,23 @@ class GpuScheduler:
         candidates = [i for i in members if i.waiters]
         if not candidates:  # leftover time goes to high-priority instances past their cap
             candidates = [i for i in self.instances.values() if i.weight > 0 and i.waiters]
-        while candidates:
+        if not candidates:
+            return []
+        inst, length = self._next_turn(candidates)
+        return self._grant_turn(inst, now, length)
+
+    def _next_turn(self, candidates: list[InstanceState]) -> tuple[InstanceState, int]:
+        """The next instance by virtual time and its lease length, once debts are paid.
+
+        An instance whose debt covers a whole turn skips it (charged), and the pick is
+        made again; debts only shrink, so this ends.
+        """
+        while True:
             inst = self._pick(candidates)
             assert inst is not None
-            full = self._turn_ns(inst)
-            length = self._pay_debt(inst, full)
+            length = self._pay_debt(inst, self._turn_ns(inst))
             if length > 0:
-                return self._grant_turn(inst, now, length)
-        return []
+                return inst, length
 
     def _contended(self, inst: InstanceState) -> bool:
         """Whether another instance wants the GPU that ``inst`` holds (policies 1, 2, 4)."""
@@ -687,13 +696,7 @@ class GpuScheduler:
         members = self._normal_members()
         if not any(i.waiters for i in members):
             return []
-        while True:
-            inst = self._pick(members)
-            assert inst is not None
-            full = self._turn_ns(inst)
-            length = self._pay_debt(inst, full)
-            if length > 0:
-                break
+        inst, length = self._next_turn(members)
         if inst.waiters:
             return self._grant_turn(inst, now, length)
         inst.vruntime += length * VR_SCALE // inst.weight

@@ -160,7 +160,6 @@ class _Client:
     waiting_since: int | None = None
     op_end: int | None = None
     last_active: int = 0
-    idle_token: int = 0
 
 
 class Simulation:
@@ -186,7 +185,6 @@ class Simulation:
         self.max_holders = 0
         self.trace = trace
         self.events: list[tuple[int, str, str]] = []
-        self._horizon = 0
         self._started = False
         ids = itertools.count(1)
         for inst in instances:
@@ -247,7 +245,6 @@ class Simulation:
             if c.lease is not None and (c.revoked or self.now >= c.deadline):
                 effects = self._release(c)
             elif c.lease is not None:
-                c.idle_token += 1
                 self._push(self.now + self.idle_release_ns, "idle", c.cid)
             nxt = wl.next_on(self.now)
             if nxt is not None:
@@ -264,7 +261,6 @@ class Simulation:
 
     def run(self, duration_ns: int, warmup_ns: int = 0) -> SimResult:
         """Run until virtual time ``duration_ns``; a later call goes on from there."""
-        self._horizon = duration_ns
         if not self._started:
             self._started = True
             for c in self.clients.values():

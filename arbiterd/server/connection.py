@@ -111,7 +111,7 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
     def pending_partial(self) -> bool:
-        return self.decoder._fed > self.decoder._unpacker.tell()
+        return self.decoder.pending_bytes > 0
 
     # requests ----------------------------------------------------------------
     def handle(self, msg: dict[str, Any]) -> None:
