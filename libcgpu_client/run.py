@@ -2,10 +2,14 @@
 
     cgpu-run [--gpus LIST] [--weight N] [--mem SIZE] [--highprio] [--instance ID]
              [--device auto|cuda|cpu] [--socket PATH] [--on-daemon-loss wait|run]
-             [--idle-ms MS] -- CMD [ARGS...]
+             [--idle-ms MS] [--native | --no-native] -- CMD [ARGS...]
 
 It sets the environment of SPEC §6 and puts a start-up hook on PYTHONPATH, so
-that ``cgpu-run -- python train.py`` is arbitrated with no code change.
+that ``cgpu-run -- python train.py`` is arbitrated with no code change. With
+``--native``, and by default when CMD is not a Python program, it also
+preloads libcgpu.so (``LD_PRELOAD``), which gates the CUDA driver API itself;
+the Python interposer then leaves CUDA to it and keeps only the
+CPU-as-simulated-GPU role.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
 from libcgpu_client.boot import BOOT_DIR
 from libcgpu_client.env import GIB, EnvError, parse_env, parse_size_list
+from libcgpu_client.native import shim_path
 
 _CONTAINER = re.compile(r"(docker|containerd|crio|kubepods|libpod)", re.IGNORECASE)
 
@@ -48,8 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-daemon-loss", choices=["wait", "run"],
                    help="while arbiterd is unreachable: wait (default) or run unchecked")
     p.add_argument("--idle-ms", metavar="MS", help="give an unused lease back after MS (default 3)")
-    p.add_argument("--native", action="store_true",
-                   help="preload libcgpu.so to gate the CUDA driver API (not implemented yet)")
+    native = p.add_mutually_exclusive_group()
+    native.add_argument("--native", dest="native", action="store_true", default=None,
+                        help="preload libcgpu.so, which gates the CUDA driver API (default when CMD is "
+                             "not a Python program)")
+    native.add_argument("--no-native", dest="native", action="store_false",
+                        help="do not preload libcgpu.so (only the Python interposer acts)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the program and its arguments")
     return p
 
@@ -89,6 +99,26 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def is_python(cmd0: str) -> bool:
+    """CMD is a Python interpreter, or a script whose #! line names one."""
+    if Path(cmd0).name.startswith("python"):
+        return True
+    path = shutil.which(cmd0)
+    try:
+        with open(path or cmd0, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def add_native(env: dict[str, str], shim: Path) -> None:
+    """Preload libcgpu.so ahead of anything already preloaded, and tell the Python side."""
+    old = env.get("LD_PRELOAD", "").strip()
+    env["LD_PRELOAD"] = str(shim) + (" " + old if old else "")
+    env["CGPU_NATIVE"] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -97,18 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("cgpu-run: error: no command given (cgpu-run [OPTIONS] -- CMD ...)", file=sys.stderr)
         return 2
-    if args.native:
-        print("cgpu-run: --native: libcgpu.so is not implemented yet", file=sys.stderr)
-        return 2
     try:
         env = build_env(args, dict(os.environ))
         parse_env(env)
     except EnvError as exc:
         print(f"cgpu-run: {exc}", file=sys.stderr)
         return 2
-    if not Path(cmd[0]).name.startswith("python"):
-        print(f"cgpu-run: note: {cmd[0]} is not a Python program; only Python/PyTorch work is gated "
-              "in this version (the native libcgpu.so is not implemented yet)", file=sys.stderr)
+    native = args.native if args.native is not None else not is_python(cmd[0])
+    if native:
+        shim = shim_path()
+        if shim is None:
+            print("cgpu-run: libcgpu.so is not built in this installation (pip install builds it; "
+                  "gcc is needed); use --no-native to run with the Python interposer only", file=sys.stderr)
+            return 2
+        add_native(env, shim)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:

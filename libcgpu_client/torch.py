@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from libcgpu_client import runtime as runtime_mod
 from libcgpu_client.env import parse_env
 from libcgpu_client.gate import CudaAdapter, Gate
+from libcgpu_client.native import shim_loaded
 from libcgpu_client.runtime import OutOfMemory, Runtime
 
 log = logging.getLogger("libcgpu_client.torch")
@@ -227,12 +228,17 @@ def install(rt: Runtime | None = None) -> CgpuMode | None:
         return _installed
     if rt is None:
         env = parse_env()
-        use_cuda = env.device != "cpu" and not env.native and torch.cuda.is_available()
+        native = env.native or shim_loaded()
+        if native and env.device != "cpu":
+            log.info("cgpu: libcgpu.so is loaded and enforces CUDA; the PyTorch interposer stays out")
+            return None
+        use_cuda = env.device != "cpu" and torch.cuda.is_available()
         rt = runtime_mod.activate(env, device_factory=CudaAdapter if use_cuda else None)
     if rt is None:
         return None
     cpu_sim = rt.env.device == "cpu"
-    cuda = (rt.env.device in ("cuda", "auto") and not rt.env.native and torch.cuda.is_available())
+    native = rt.env.native or shim_loaded()
+    cuda = rt.env.device in ("cuda", "auto") and not native and torch.cuda.is_available()
     if rt.env.device == "cuda" and not torch.cuda.is_available():
         log.warning("cgpu: CGPU_DEVICE=cuda but CUDA is not available; nothing is gated")
     governor = None

@@ -1,0 +1,1020 @@
+/* A CPU-backed fake of libcuda.so.1, for tests only (never installed).
+ *
+ * What it models, function by function, is in README.md beside this file. In short:
+ * devices, memory totals and SM counts come from the environment
+ * (FAKECUDA_DEVICES, FAKECUDA_MEM_MB, FAKECUDA_SMS); each context has one worker
+ * thread that runs the work of all its streams in launch order, so a launch
+ * returns at once and its kernel runs later; the kernel "cgpu_spin" busy-spins
+ * for the nanoseconds in its first parameter; synchronisation, queries and
+ * events follow the driver API's rules; device memory is host memory, bounded
+ * by the device's total. FAKECUDA_TRACE=path appends "pid start_ns end_ns" for
+ * every kernel it runs (CLOCK_MONOTONIC), which lets tests check who ran when. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../cuda_min.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEVICES 16
+#define QUEUE_DEPTH 1024 /* launches past this many pending block, as a full pushbuffer does */
+#define STACK_DEPTH 16
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ model */
+
+enum { OP_KERNEL, OP_EVENT, OP_GRAPH, OP_FREE };
+
+struct CUgraph_st {
+    int n, cap;
+    uint64_t *ns; /* the spin kernels captured, in order */
+};
+struct CUgraphExec_st {
+    int n;
+    uint64_t *ns;
+};
+
+typedef struct op {
+    int kind;
+    uint64_t seq;
+    uint64_t ns;
+    CUevent ev;
+    struct CUgraphExec_st *graph;
+    void *mem;
+    struct op *next;
+} op;
+
+struct CUstream_st {
+    CUcontext ctx;
+    uint64_t last_seq; /* the last op queued on this stream */
+    int capturing;
+    CUgraph graph;
+};
+
+struct CUctx_st {
+    int dev;
+    int primary;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    op *head, *tail;
+    int pending;
+    uint64_t enq_seq, done_seq;
+    int stop;
+    pthread_t worker;
+    struct CUstream_st null_stream;
+};
+
+struct CUevent_st {
+    CUcontext ctx;
+    uint64_t seq; /* 0: never recorded */
+    int64_t when;
+};
+
+struct CUfunc_st {
+    int kind; /* 0 spin, 1 null */
+};
+struct CUmod_st {
+    int loaded;
+};
+
+static struct CUfunc_st fn_spin = {0}, fn_null = {1};
+
+static struct {
+    atomic_int inited;
+    int ndev, sms;
+    int64_t total;
+    _Atomic int64_t used[MAX_DEVICES];
+    CUcontext primary[MAX_DEVICES];
+    int primary_refs[MAX_DEVICES];
+    pthread_mutex_t mu;
+    int trace_fd;
+} D = {.mu = PTHREAD_MUTEX_INITIALIZER, .trace_fd = -1};
+
+static __thread CUcontext ctx_stack[STACK_DEPTH];
+static __thread int ctx_depth;
+
+static long env_long(const char *name, long dflt) {
+    const char *v = getenv(name);
+    return v && *v ? strtol(v, NULL, 10) : dflt;
+}
+
+#define CHECK_INIT()                      \
+    do {                                  \
+        if (!atomic_load(&D.inited))      \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+
+static CUcontext current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+/* ------------------------------------------------------------------ worker */
+
+static void spin(uint64_t ns) {
+    int64_t start = now_ns(), end = start + (int64_t)ns;
+    while (now_ns() < end) {
+    }
+    if (D.trace_fd >= 0) {
+        char line[80];
+        int n = snprintf(line, sizeof line, "%d %lld %lld\n", (int)getpid(), (long long)start, (long long)now_ns());
+        if (write(D.trace_fd, line, (size_t)n) < 0) {
+            /* a test that asked for a trace will notice it is short */
+        }
+    }
+}
+
+static void *worker_main(void *arg) {
+    CUcontext c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->head && !c->stop)
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (!c->head)
+            break;
+        op *o = c->head;
+        pthread_mutex_unlock(&c->mu);
+        switch (o->kind) {
+        case OP_KERNEL: spin(o->ns); break;
+        case OP_GRAPH:
+            for (int k = 0; k < o->graph->n; k++)
+                spin(o->graph->ns[k]);
+            break;
+        case OP_EVENT: o->ev->when = now_ns(); break;
+        case OP_FREE: break;
+        }
+        pthread_mutex_lock(&c->mu);
+        if (o->kind == OP_FREE)
+            free(o->mem);
+        c->head = o->next;
+        if (!c->head)
+            c->tail = NULL;
+        c->pending--;
+        c->done_seq = o->seq;
+        if (o->kind == OP_GRAPH) {
+            free(o->graph->ns);
+            free(o->graph);
+        }
+        free(o);
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static CUstream resolve_stream(CUstream s) {
+    if (s == NULL || s == (CUstream)0x1 || s == (CUstream)0x2) { /* legacy / per-thread default stream */
+        CUcontext c = current();
+        return c ? &c->null_stream : NULL;
+    }
+    return s;
+}
+
+static CUresult enqueue(CUstream s, op *o) {
+    CUcontext c = s->ctx;
+    pthread_mutex_lock(&c->mu);
+    while (c->pending >= QUEUE_DEPTH)
+        pthread_cond_wait(&c->cv, &c->mu);
+    o->seq = ++c->enq_seq;
+    o->next = NULL;
+    s->last_seq = o->seq;
+    if (c->tail)
+        c->tail->next = o;
+    else
+        c->head = o;
+    c->tail = o;
+    c->pending++;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return CUDA_SUCCESS;
+}
+
+static void wait_seq(CUcontext c, uint64_t seq) {
+    pthread_mutex_lock(&c->mu);
+    while (c->done_seq < seq)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static CUcontext new_context(int dev, int primary) {
+    CUcontext c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->dev = dev;
+    c->primary = primary;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->null_stream.ctx = c;
+    if (pthread_create(&c->worker, NULL, worker_main, c) != 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void destroy_context(CUcontext c) {
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->worker, NULL);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+/* ------------------------------------------------------------ init, devices */
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&D.mu);
+    if (!atomic_load(&D.inited)) {
+        D.ndev = (int)env_long("FAKECUDA_DEVICES", 1);
+        if (D.ndev > MAX_DEVICES)
+            D.ndev = MAX_DEVICES;
+        D.sms = (int)env_long("FAKECUDA_SMS", 80);
+        D.total = env_long("FAKECUDA_MEM_MB", 16384) * 1024LL * 1024LL;
+        const char *trace = getenv("FAKECUDA_TRACE");
+        if (trace && *trace)
+            D.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        atomic_store(&D.inited, 1);
+    }
+    pthread_mutex_unlock(&D.mu);
+    return D.ndev > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = 12040;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n) {
+    CHECK_INIT();
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    *n = D.ndev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    CHECK_INIT();
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    CHECK_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "cgpu fake GPU %d", d);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    CHECK_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = (size_t)D.total;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice d) {
+    CHECK_INIT();
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (attrib != CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        return CUDA_ERROR_INVALID_VALUE; /* the only attribute modelled */
+    *pi = D.sms;
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- contexts */
+
+static int push(CUcontext c) {
+    if (ctx_depth == STACK_DEPTH)
+        return -1;
+    ctx_stack[ctx_depth++] = c;
+    return 0;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d) {
+    (void)flags;
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUcontext c = new_context(d, 0);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (push(c) < 0) {
+        destroy_context(c);
+        return CUDA_ERROR_UNKNOWN;
+    }
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    CHECK_INIT();
+    if (!c || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (int k = 0; k < ctx_depth; k++)
+        if (ctx_stack[k] == c) { /* drop it from this thread's stack */
+            memmove(&ctx_stack[k], &ctx_stack[k + 1], (size_t)(ctx_depth - k - 1) * sizeof c);
+            ctx_depth--;
+            k--;
+        }
+    wait_seq(c, c->enq_seq);
+    destroy_context(c);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&D.mu);
+    if (!D.primary[d])
+        D.primary[d] = new_context(d, 1);
+    if (D.primary[d])
+        D.primary_refs[d]++;
+    *pctx = D.primary[d];
+    pthread_mutex_unlock(&D.mu);
+    return *pctx ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    CHECK_INIT();
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&D.mu);
+    int ok = D.primary_refs[d] > 0;
+    if (ok)
+        D.primary_refs[d]--; /* the context itself lives on, as the driver keeps it until reset */
+    pthread_mutex_unlock(&D.mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    CHECK_INIT();
+    if (!c) {
+        if (ctx_depth)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (ctx_depth)
+        ctx_stack[ctx_depth - 1] = c;
+    else
+        push(c);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
+    CHECK_INIT();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return push(c) < 0 ? CUDA_ERROR_UNKNOWN : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    CHECK_INIT();
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = ctx_stack[--ctx_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
+    CHECK_INIT();
+    CUcontext c = current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = c->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    CHECK_INIT();
+    CUcontext c = current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    wait_seq(c, c->enq_seq);
+    return CUDA_SUCCESS;
+}
+
+/* ----------------------------------------------------------------- streams */
+
+EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
+    (void)flags;
+    CHECK_INIT();
+    CUcontext c = current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ps)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstream s = calloc(1, sizeof *s);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->ctx = c;
+    *ps = s;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s || s == &s->ctx->null_stream)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* work already queued still runs; the stream object goes when it has */
+    wait_seq(s->ctx, s->last_seq);
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (s->capturing)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    wait_seq(s->ctx, s->last_seq);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&s->ctx->mu);
+    int done = s->ctx->done_seq >= s->last_seq;
+    pthread_mutex_unlock(&s->ctx->mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    (void)mode;
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s || s == &s->ctx->null_stream)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot be captured */
+    if (s->capturing)
+        return CUDA_ERROR_INVALID_VALUE;
+    s->graph = calloc(1, sizeof *s->graph);
+    if (!s->graph)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->capturing = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s || !s->capturing || !pg)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pg = s->graph;
+    s->graph = NULL;
+    s->capturing = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s || !st)
+        return CUDA_ERROR_INVALID_VALUE;
+    *st = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ events */
+
+EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
+    (void)flags;
+    CHECK_INIT();
+    CUcontext c = current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!pe)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUevent e = calloc(1, sizeof *e);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->ctx = c;
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!e || !s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    op *o = calloc(1, sizeof *o);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_EVENT;
+    o->ev = e;
+    enqueue(s, o);
+    e->seq = s->last_seq;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent e) {
+    CHECK_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&e->ctx->mu);
+    int done = e->ctx->done_seq >= e->seq; /* never recorded: complete, as the API says */
+    pthread_mutex_unlock(&e->ctx->mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    CHECK_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    wait_seq(e->ctx, e->seq);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    CHECK_INIT();
+    if (!ms || !start || !end)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!start->seq || !end->seq)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (cuEventQuery(start) != CUDA_SUCCESS || cuEventQuery(end) != CUDA_SUCCESS)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)(end->when - start->when) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+    CHECK_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    wait_seq(e->ctx, e->seq); /* the driver defers the free until the event completes */
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------ modules, launches */
+
+EXPORT CUresult cuModuleLoadData(CUmodule *pm, const void *image) {
+    CHECK_INIT();
+    if (!pm || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *pm = calloc(1, sizeof **pm);
+    return *pm ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule m) {
+    CHECK_INIT();
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name) {
+    CHECK_INIT();
+    if (!pf || !m || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(name, "cgpu_spin") == 0)
+        *pf = &fn_spin;
+    else if (strcmp(name, "cgpu_null") == 0)
+        *pf = &fn_null;
+    else
+        return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, CUstream s, void **params) {
+    CHECK_INIT();
+    if (f != &fn_spin && f != &fn_null)
+        return CUDA_ERROR_INVALID_HANDLE;
+    s = resolve_stream(s);
+    if (!s)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (f == &fn_null)
+        return CUDA_SUCCESS; /* no work: complete at launch */
+    if (!params || !params[0])
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t ns = *(const uint64_t *)params[0]; /* parameters are copied at launch */
+    if (s->capturing) {
+        CUgraph g = s->graph;
+        if (g->n == g->cap) {
+            int cap = g->cap ? 2 * g->cap : 16;
+            uint64_t *grown = realloc(g->ns, (size_t)cap * sizeof *grown);
+            if (!grown)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            g->ns = grown;
+            g->cap = cap;
+        }
+        g->ns[g->n++] = ns;
+        return CUDA_SUCCESS;
+    }
+    op *o = calloc(1, sizeof *o);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_KERNEL;
+    o->ns = ns;
+    return enqueue(s, o);
+}
+
+#define LAUNCH_KERNEL(name)                                                                                      \
+    EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+                         unsigned shmem, CUstream s, void **params, void **extra) {                              \
+        (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;                    \
+        return launch(f, s, params);                                                                             \
+    }
+LAUNCH_KERNEL(cuLaunchKernel)
+LAUNCH_KERNEL(cuLaunchKernel_ptsz)
+
+#define LAUNCH_COOP(name)                                                                                        \
+    EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+                         unsigned shmem, CUstream s, void **params) {                                            \
+        (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem;                                 \
+        return launch(f, s, params);                                                                             \
+    }
+LAUNCH_COOP(cuLaunchCooperativeKernel)
+LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
+
+#define LAUNCH_EX(name)                                                                          \
+    EXPORT CUresult name(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) { \
+        (void)extra;                                                                             \
+        if (!cfg)                                                                                \
+            return CUDA_ERROR_INVALID_VALUE;                                                     \
+        return launch(f, cfg->hStream, params);                                                  \
+    }
+LAUNCH_EX(cuLaunchKernelEx)
+LAUNCH_EX(cuLaunchKernelEx_ptsz)
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags) {
+    (void)flags;
+    CHECK_INIT();
+    if (!pe || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraphExec e = calloc(1, sizeof *e);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->n = g->n;
+    e->ns = malloc((size_t)(g->n ? g->n : 1) * sizeof *e->ns);
+    if (!e->ns) {
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (g->n)
+        memcpy(e->ns, g->ns, (size_t)g->n * sizeof *e->ns);
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s) {
+    CHECK_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    s = resolve_stream(s);
+    if (!s)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    op *o = calloc(1, sizeof *o);
+    struct CUgraphExec_st *copy = calloc(1, sizeof *copy); /* the queued launch owns a snapshot */
+    uint64_t *ns = malloc((size_t)(e->n ? e->n : 1) * sizeof *ns);
+    if (!o || !copy || !ns) {
+        free(o), free(copy), free(ns);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (e->n)
+        memcpy(ns, e->ns, (size_t)e->n * sizeof *ns);
+    copy->n = e->n;
+    copy->ns = ns;
+    o->kind = OP_GRAPH;
+    o->graph = copy;
+    return enqueue(s, o);
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s); }
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+    CHECK_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(e->ns);
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    CHECK_INIT();
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(g->ns);
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+typedef struct block {
+    void *p;
+    size_t bytes;
+    int dev;
+    struct block *next;
+} block;
+static block *blocks;
+static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static CUresult dev_alloc(int dev, size_t bytes, void **out) {
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int64_t before = atomic_fetch_add(&D.used[dev], (int64_t)bytes);
+    if (before + (int64_t)bytes > D.total) {
+        atomic_fetch_sub(&D.used[dev], (int64_t)bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    block *b = malloc(sizeof *b);
+    void *p = malloc(bytes); /* pages are touched only when used */
+    if (!b || !p) {
+        free(b), free(p);
+        atomic_fetch_sub(&D.used[dev], (int64_t)bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    b->p = p;
+    b->bytes = bytes;
+    b->dev = dev;
+    pthread_mutex_lock(&blocks_mu);
+    b->next = blocks;
+    blocks = b;
+    pthread_mutex_unlock(&blocks_mu);
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+/* Unlink the block at p; NULL when p is not an allocation. */
+static block *take_block(void *p) {
+    pthread_mutex_lock(&blocks_mu);
+    block **pp = &blocks;
+    while (*pp && (*pp)->p != p)
+        pp = &(*pp)->next;
+    block *b = *pp;
+    if (b)
+        *pp = b->next;
+    pthread_mutex_unlock(&blocks_mu);
+    if (b)
+        atomic_fetch_sub(&D.used[b->dev], (int64_t)b->bytes);
+    return b;
+}
+
+static int current_dev(void) {
+    CUcontext c = current();
+    return c ? c->dev : -1;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    CHECK_INIT();
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = current_dev();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    void *p;
+    CUresult r = dev_alloc(dev, bytes, &p);
+    if (r == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)(uintptr_t)p;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem) {
+    CHECK_INIT();
+    if (!dptr || !pitch || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + 511) / 512 * 512;
+    CUresult r = cuMemAlloc_v2(dptr, p * height);
+    if (r == CUDA_SUCCESS)
+        *pitch = p;
+    return r;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    CHECK_INIT();
+    block *b = take_block((void *)(uintptr_t)dptr);
+    if (!b)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(b->p);
+    free(b);
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    CHECK_INIT();
+    if (!resolve_stream(s))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return cuMemAlloc_v2(dptr, bytes); /* usable at once: earlier than stream order requires */
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+
+static CUresult free_async(CUdeviceptr dptr, CUstream s) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    block *b = take_block((void *)(uintptr_t)dptr);
+    if (!b)
+        return CUDA_ERROR_INVALID_VALUE;
+    op *o = calloc(1, sizeof *o);
+    if (!o) {
+        free(b->p);
+        free(b);
+        return CUDA_SUCCESS;
+    }
+    o->kind = OP_FREE; /* the memory goes when the stream reaches this point */
+    o->mem = b->p;
+    free(b);
+    return enqueue(s, o);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return free_async(d, s); }
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    CHECK_INIT();
+    if (!h || !prop || flags != 0 || prop->location.type != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.id < 0 || prop->location.id >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    void *p;
+    CUresult r = dev_alloc(prop->location.id, size, &p);
+    if (r == CUDA_SUCCESS)
+        *h = (CUmemGenericAllocationHandle)(uintptr_t)p;
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    CHECK_INIT();
+    block *b = take_block((void *)(uintptr_t)h);
+    if (!b)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(b->p);
+    free(b);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
+    CHECK_INIT();
+    int dev = current_dev();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!free_b || !total_b)
+        return CUDA_ERROR_INVALID_VALUE;
+    *total_b = (size_t)D.total;
+    *free_b = (size_t)(D.total - atomic_load(&D.used[dev]));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    CHECK_INIT();
+    CUresult r = cuCtxSynchronize(); /* synchronous, ordered after earlier work */
+    if (r == CUDA_SUCCESS)
+        memcpy((void *)(uintptr_t)dst, src, n);
+    return r;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    CHECK_INIT();
+    CUresult r = cuCtxSynchronize();
+    if (r == CUDA_SUCCESS)
+        memcpy(dst, (const void *)(uintptr_t)src, n);
+    return r;
+}
+
+/* ------------------------------------------------------------------- errors */
+
+static const struct { CUresult code; const char *name, *text; } errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+};
+
+static CUresult error_lookup(CUresult e, const char **out, int text) {
+    for (size_t k = 0; k < sizeof errors / sizeof errors[0]; k++)
+        if (errors[k].code == e) {
+            *out = text ? errors[k].text : errors[k].name;
+            return CUDA_SUCCESS;
+        }
+    *out = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { return s ? error_lookup(e, s, 0) : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { return s ? error_lookup(e, s, 1) : CUDA_ERROR_INVALID_VALUE; }
+
+/* ---------------------------------------------------------- cuGetProcAddress */
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status);
+
+/* base name -> (entry before `split`, entry from `split` on, per-thread-stream entry) */
+static const struct {
+    const char *base;
+    void *old, *cur, *ptsz;
+    int split;
+} procs[] = {
+#define P(name) {#name, NULL, (void *)name, NULL, 0}
+#define PT(name) {#name, NULL, (void *)name, (void *)name##_ptsz, 0}
+#define V2(name, split) {#name, NULL, (void *)name##_v2, NULL, split}
+    PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
+    PT(cuMemAllocAsync), PT(cuMemFreeAsync), V2(cuMemAlloc, 3020), V2(cuMemAllocPitch, 3020),
+    V2(cuMemFree, 3020), V2(cuMemGetInfo, 3020), V2(cuDeviceTotalMem, 3020), V2(cuCtxCreate, 3020),
+    V2(cuCtxDestroy, 4000), V2(cuCtxPushCurrent, 4000), V2(cuCtxPopCurrent, 4000), V2(cuStreamDestroy, 4000),
+    V2(cuEventDestroy, 4000), V2(cuMemcpyHtoD, 3020), V2(cuMemcpyDtoH, 3020),
+    V2(cuDevicePrimaryCtxRelease, 11000), V2(cuStreamBeginCapture, 10010),
+    {"cuGetProcAddress", (void *)cuGetProcAddress, (void *)cuGetProcAddress_v2, NULL, 12000},
+    P(cuInit), P(cuDriverGetVersion), P(cuDeviceGet), P(cuDeviceGetCount), P(cuDeviceGetName),
+    P(cuDeviceGetAttribute), P(cuDevicePrimaryCtxRetain), P(cuCtxSetCurrent), P(cuCtxGetCurrent),
+    P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuStreamCreate), P(cuStreamSynchronize), P(cuStreamQuery),
+    P(cuStreamEndCapture), P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord), P(cuEventQuery),
+    P(cuEventSynchronize), P(cuEventElapsedTime), P(cuModuleLoadData), P(cuModuleUnload),
+    P(cuModuleGetFunction), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
+    P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString),
+#undef P
+#undef PT
+#undef V2
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    for (size_t k = 0; k < sizeof procs / sizeof procs[0]; k++) {
+        if (strcmp(procs[k].base, symbol) != 0)
+            continue;
+        void *f = version >= procs[k].split ? procs[k].cur : procs[k].old;
+        if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && procs[k].ptsz)
+            f = procs[k].ptsz;
+        if (!f) { /* the fake has no pre-_v2 (32-bit) entry points */
+            if (status)
+                *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        *pfn = f;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}

@@ -1,0 +1,40 @@
+"""Builds libcgpu.so, the native interposer, as a plain shared library.
+
+Everything else about the package is in pyproject.toml. The extension machinery
+is used only to compile and link C sources: the result has no Python module
+init, does not link libpython, and is named ``libcgpu.so``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NATIVE = "libcgpu_client/native"
+
+
+class BuildSharedLibrary(build_ext):
+    def get_ext_filename(self, fullname: str) -> str:
+        return os.path.join(*fullname.split(".")) + ".so"
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        return []  # no PyInit_*: this is not a Python module
+
+    def get_libraries(self, ext: Extension) -> list[str]:
+        return list(ext.libraries)  # never libpython
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "libcgpu_client.native.libcgpu",
+            sources=[f"{NATIVE}/{name}" for name in ("mp.c", "env.c", "client.c", "hooks.c")],
+            depends=[f"{NATIVE}/{name}" for name in ("mp.h", "env.h", "shim.h", "cuda_min.h")],
+            extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wshadow"],
+            libraries=["dl", "pthread"],
+        )
+    ],
+    cmdclass={"build_ext": BuildSharedLibrary},
+)

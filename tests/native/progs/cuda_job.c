@@ -1,0 +1,291 @@
+/* A CUDA driver-API program for the shim's tests, run against the fake libcuda.
+ *
+ * Built two ways: with -DDIRECT it links libcuda.so.1 and calls the driver by name;
+ * without, it dlopen()s libcuda.so.1 and resolves every entry point with dlsym
+ * (--resolve dlsym, the default) or through cuGetProcAddress_v2 (--resolve gpa, or
+ * gpa-ptsz for the per-thread default stream variants).
+ *
+ * usage: cuda_job [--resolve MODE] [--api launch|ex|coop|graph] ACTION...
+ *   alloc=SIZE pitch=W,H async=SIZE create=SIZE   allocate (SIZE: bytes, or with K/M/G)
+ *   freeall                                        free everything allocated so far
+ *   info total                                     cuMemGetInfo / cuDeviceTotalMem
+ *   spin=MS,BATCH,START_NS,END_NS                  from START to END: BATCH kernels of MS
+ *                                                  queued at once, then a stream sync
+ *   nulls=N                                        ns per launch of an empty kernel
+ *   sleep=MS  ready
+ * Each action prints one line: its name and results. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+
+#define API(X)                                                                                 \
+    X(cuInit, CUresult (*)(unsigned))                                                          \
+    X(cuDeviceGet, CUresult (*)(CUdevice *, int))                                              \
+    X(cuDevicePrimaryCtxRetain, CUresult (*)(CUcontext *, CUdevice))                           \
+    X(cuCtxSetCurrent, CUresult (*)(CUcontext))                                                \
+    X(cuStreamCreate, CUresult (*)(CUstream *, unsigned))                                      \
+    X(cuStreamSynchronize, CUresult (*)(CUstream))                                             \
+    X(cuStreamBeginCapture_v2, CUresult (*)(CUstream, int))                                    \
+    X(cuStreamEndCapture, CUresult (*)(CUstream, CUgraph *))                                   \
+    X(cuGraphInstantiateWithFlags, CUresult (*)(CUgraphExec *, CUgraph, unsigned long long))   \
+    X(cuModuleLoadData, CUresult (*)(CUmodule *, const void *))                                \
+    X(cuModuleGetFunction, CUresult (*)(CUfunction *, CUmodule, const char *))                 \
+    X(cuLaunchKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
+                                   unsigned, CUstream, void **, void **))                      \
+    X(cuLaunchKernelEx, CUresult (*)(const CUlaunchConfig *, CUfunction, void **, void **))    \
+    X(cuLaunchCooperativeKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, \
+                                              unsigned, unsigned, CUstream, void **))          \
+    X(cuGraphLaunch, CUresult (*)(CUgraphExec, CUstream))                                      \
+    X(cuMemAlloc_v2, CUresult (*)(CUdeviceptr *, size_t))                                      \
+    X(cuMemAllocPitch_v2, CUresult (*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned))     \
+    X(cuMemFree_v2, CUresult (*)(CUdeviceptr))                                                 \
+    X(cuMemAllocAsync, CUresult (*)(CUdeviceptr *, size_t, CUstream))                          \
+    X(cuMemFreeAsync, CUresult (*)(CUdeviceptr, CUstream))                                     \
+    X(cuMemCreate, CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, \
+                                unsigned long long))                                           \
+    X(cuMemRelease, CUresult (*)(CUmemGenericAllocationHandle))                                \
+    X(cuMemGetInfo_v2, CUresult (*)(size_t *, size_t *))                                       \
+    X(cuDeviceTotalMem_v2, CUresult (*)(size_t *, CUdevice))
+
+#define FIELD(name, type) __typeof__(type) name;
+static struct { API(FIELD) } api;
+
+#ifdef DIRECT
+#define DECL(name, type) extern __typeof__(*(type)0) name;
+API(DECL)
+#endif
+
+/* base name for cuGetProcAddress: drop a _v2 suffix */
+__attribute__((unused)) static void base_name(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s", name);
+    size_t n = strlen(out);
+    if (n > 3 && strcmp(out + n - 3, "_v2") == 0)
+        out[n - 3] = 0;
+}
+
+static void resolve(const char *mode) {
+#ifdef DIRECT
+    (void)mode;
+#define SET(name, type) api.name = name;
+    API(SET)
+#else
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "cuda_job: %s\n", dlerror());
+        exit(3);
+    }
+    typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+    gpa_t gpa = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
+    int use_gpa = strncmp(mode, "gpa", 3) == 0;
+    cuuint64_t flags = strcmp(mode, "gpa-ptsz") == 0 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+    char base[64];
+#define SET(name, type)                                                                   \
+    if (use_gpa) {                                                                        \
+        void *p_ = NULL;                                                                  \
+        base_name(#name, base, sizeof base);                                              \
+        if (!gpa || gpa(base, &p_, 12040, flags, NULL) != CUDA_SUCCESS) {                 \
+            fprintf(stderr, "cuda_job: cuGetProcAddress(%s) failed\n", base);             \
+            exit(3);                                                                      \
+        }                                                                                 \
+        api.name = (type)p_;                                                              \
+    } else {                                                                              \
+        api.name = (type)dlsym(h, #name);                                                 \
+    }
+    API(SET)
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static size_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1024 * 1024; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+    }
+    return (size_t)v;
+}
+
+#define CHECK(call)                                                        \
+    do {                                                                   \
+        CUresult r_ = (call);                                              \
+        if (r_ != CUDA_SUCCESS) {                                          \
+            fprintf(stderr, "cuda_job: %s failed: %d\n", #call, r_);       \
+            exit(4);                                                       \
+        }                                                                  \
+    } while (0)
+
+enum { KIND_PTR, KIND_ASYNC, KIND_HANDLE };
+static struct { unsigned long long p; int kind; } allocs[4096];
+static int nallocs;
+
+static CUstream stream;
+static CUfunction spin_fn, null_fn;
+static const char *api_kind = "launch";
+
+static CUresult launch_one(CUfunction f, uint64_t *ns) {
+    void *params[] = {ns};
+    if (strcmp(api_kind, "ex") == 0) {
+        CUlaunchConfig cfg = {1, 1, 1, 1, 1, 1, 0, stream, NULL, 0};
+        return api.cuLaunchKernelEx(&cfg, f, params, NULL);
+    }
+    if (strcmp(api_kind, "coop") == 0)
+        return api.cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params);
+    return api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+}
+
+static void spin_loop(double ms, int batch, int64_t start, int64_t end) {
+    uint64_t ns = (uint64_t)(ms * 1e6);
+    CUgraphExec exec = NULL;
+    if (strcmp(api_kind, "graph") == 0) { /* one graph of BATCH kernels, launched as a whole */
+        CUgraph g;
+        CHECK(api.cuStreamBeginCapture_v2(stream, 0));
+        for (int k = 0; k < batch; k++)
+            CHECK(launch_one(spin_fn, &ns));
+        CHECK(api.cuStreamEndCapture(stream, &g));
+        CHECK(api.cuGraphInstantiateWithFlags(&exec, g, 0));
+    }
+    while (now_ns() < start)
+        usleep(200);
+    long kernels = 0, batches = 0;
+    int64_t first = 0, last = 0;
+    while (now_ns() < end) {
+        int64_t t0 = now_ns();
+        if (exec)
+            CHECK(api.cuGraphLaunch(exec, stream));
+        else
+            for (int k = 0; k < batch; k++)
+                CHECK(launch_one(spin_fn, &ns));
+        CHECK(api.cuStreamSynchronize(stream));
+        int64_t t1 = now_ns();
+        if (t1 <= end) {
+            kernels += batch;
+            batches++;
+            if (!first)
+                first = t0;
+            last = t1;
+        }
+    }
+    printf("spin kernels=%ld batches=%ld kernel_ns=%lld first=%lld last=%lld\n", kernels, batches,
+           (long long)(kernels * (long long)ns), (long long)first, (long long)last);
+}
+
+static void nulls(long n) {
+    uint64_t zero = 0;
+    double best = 1e18;
+    for (int rep = 0; rep < 7; rep++) {
+        int64_t t = now_ns();
+        for (long k = 0; k < n; k++)
+            launch_one(null_fn, &zero);
+        double per = (double)(now_ns() - t) / (double)n;
+        best = per < best ? per : best;
+    }
+    printf("nulls ns_per_launch=%.1f\n", best);
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *mode = "dlsym";
+    int i = 1;
+    for (; i < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        if (i + 1 >= argc)
+            return 2;
+        if (strcmp(argv[i], "--resolve") == 0)
+            mode = argv[i + 1];
+        else if (strcmp(argv[i], "--api") == 0)
+            api_kind = argv[i + 1];
+    }
+    resolve(mode);
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CHECK(api.cuInit(0));
+    CHECK(api.cuDeviceGet(&dev, 0));
+    CHECK(api.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(api.cuCtxSetCurrent(ctx));
+    CHECK(api.cuStreamCreate(&stream, 0));
+    CHECK(api.cuModuleLoadData(&mod, "fake"));
+    CHECK(api.cuModuleGetFunction(&spin_fn, mod, "cgpu_spin"));
+    CHECK(api.cuModuleGetFunction(&null_fn, mod, "cgpu_null"));
+
+    for (; i < argc; i++) {
+        char *a = argv[i], *v = strchr(a, '=');
+        if (v)
+            *v++ = 0;
+        if (strcmp(a, "alloc") == 0 || strcmp(a, "async") == 0 || strcmp(a, "create") == 0) {
+            size_t n = parse_size(v);
+            CUresult r;
+            if (a[0] == 'a' && a[1] == 'l') {
+                r = api.cuMemAlloc_v2(&allocs[nallocs].p, n);
+                allocs[nallocs].kind = KIND_PTR;
+            } else if (a[0] == 'a') {
+                r = api.cuMemAllocAsync(&allocs[nallocs].p, n, stream);
+                allocs[nallocs].kind = KIND_ASYNC;
+            } else {
+                CUmemAllocationProp prop = {.type = 1, .location = {.type = 1, .id = 0}};
+                r = api.cuMemCreate(&allocs[nallocs].p, n, &prop, 0);
+                allocs[nallocs].kind = KIND_HANDLE;
+            }
+            if (r == CUDA_SUCCESS && nallocs < 4095)
+                nallocs++;
+            printf("%s bytes=%zu rc=%d\n", a, n, r);
+        } else if (strcmp(a, "pitch") == 0) {
+            size_t w = parse_size(v), h = parse_size(strchr(v, ',') + 1), pitch = 0;
+            CUresult r = api.cuMemAllocPitch_v2(&allocs[nallocs].p, &pitch, w, h, 4);
+            allocs[nallocs].kind = KIND_PTR;
+            if (r == CUDA_SUCCESS && nallocs < 4095)
+                nallocs++;
+            printf("pitch pitch=%zu rc=%d\n", pitch, r);
+        } else if (strcmp(a, "freeall") == 0) {
+            int bad = 0;
+            for (int k = 0; k < nallocs; k++) {
+                CUresult r = allocs[k].kind == KIND_PTR     ? api.cuMemFree_v2(allocs[k].p)
+                             : allocs[k].kind == KIND_ASYNC ? api.cuMemFreeAsync(allocs[k].p, stream)
+                                                            : api.cuMemRelease(allocs[k].p);
+                bad += r != CUDA_SUCCESS;
+            }
+            CHECK(api.cuStreamSynchronize(stream));
+            printf("freeall count=%d failed=%d\n", nallocs, bad);
+            nallocs = 0;
+        } else if (strcmp(a, "info") == 0) {
+            size_t f = 0, t = 0;
+            CUresult r = api.cuMemGetInfo_v2(&f, &t);
+            printf("info free=%zu total=%zu rc=%d\n", f, t, r);
+        } else if (strcmp(a, "total") == 0) {
+            size_t t = 0;
+            CUresult r = api.cuDeviceTotalMem_v2(&t, dev);
+            printf("total bytes=%zu rc=%d\n", t, r);
+        } else if (strcmp(a, "spin") == 0) {
+            double ms;
+            int batch;
+            long long start, end;
+            if (sscanf(v, "%lf,%d,%lld,%lld", &ms, &batch, &start, &end) != 4)
+                return 2;
+            spin_loop(ms, batch, start, end);
+        } else if (strcmp(a, "nulls") == 0) {
+            nulls(atol(v));
+        } else if (strcmp(a, "sleep") == 0) {
+            usleep((useconds_t)(atof(v) * 1000));
+            printf("sleep\n");
+        } else if (strcmp(a, "ready") == 0) {
+            printf("ready pid=%d\n", (int)getpid());
+        } else {
+            fprintf(stderr, "cuda_job: unknown action %s\n", a);
+            return 2;
+        }
+    }
+    return 0;
+}

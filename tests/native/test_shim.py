@@ -1,0 +1,296 @@
+"""libcgpu.so under real programs: C programs and ctypes Python against the fake CUDA driver.
+
+
+Each test starts a real arbiterd on a simulated GPU. The fake driver runs a
+kernel as a CPU busy-spin on a worker thread and can write a trace of every
+kernel (FAKECUDA_TRACE), which is how kernel time and overlap are measured.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DaemonProc, tool
+from tests.native import trace
+from tests.native.conftest import WORKLOADS, Native, at, fields, lines, run_job, start_job
+
+MIB = 1024**2
+GIB = 1024**3
+DAEMON = ("--sim-gpus", "1x16GiB", "--identity", "declared", "--trust-client-env")
+
+
+def status_of(d: DaemonProc, instance: str) -> dict[str, object]:
+    import json
+
+    doc = json.loads(d.ctl("status").stdout)
+    return next(i for i in doc["gpus"][0]["instances"] if i["id"] == instance)
+
+
+def pair(native: Native, d: DaemonProc, tmp: Path, seconds: float, kernel_ms: float, batch: int,
+         **kw: str) -> tuple[float, float, float, float]:
+    """Weights 1 (direct linking) and 2 (dlopen), both spinning; kernel seconds in the common window,
+    the window, and the overlap between them."""
+    tr = tmp / "trace"
+    start, end = at(1.0), at(1.0 + seconds)
+    spin = f"spin={kernel_ms},{batch},{start},{end}"
+    procs = [start_job(native, d, *(["--api", kw["api"]] if "api" in kw else []), spin, dl=dl,
+                       CGPU_INSTANCE=name, ALIYUN_COM_GPU_SCHD_WEIGHT=str(w), FAKECUDA_TRACE=str(tr))
+             for name, w, dl in (("w1", 1, False), ("w2", 2, True))]
+    pids = []
+    for p in procs:
+        _, err = p.communicate(timeout=seconds + 60)
+        assert p.returncode == 0, err
+        pids.append(p.pid)
+    runs = trace.read(tr)
+    t0, t1 = start + 500_000_000, end - 200_000_000  # both are past their first grant and not yet done
+    a, b = (trace.busy(runs[pid], t0, t1) for pid in pids)
+    return a, b, (t1 - t0) / 1e9, trace.overlap(runs)
+
+
+def test_weights_1_2_get_kernel_time_1_2(native: Native, daemon_factory: type, short_tmp: Path) -> None:
+    """Policy 2, weights 1:2, 2 ms kernels queued 4 at a time: kernel time 1:2 within ±5 % over 10 s,
+    and kernels of the two processes never run at once."""
+    d = daemon_factory.start(*DAEMON, "--policy", "2", "--slice-ms", "20")
+    a, b, win, ov = pair(native, d, short_tmp, 10.7, 2, 4)
+    assert win >= 10
+    assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
+    assert ov < 0.001, ov
+    assert (a + b) / win > 0.75, (a, b, win)  # the GPU is not left idle between turns
+
+
+def test_kernels_three_slices_long_are_waited_for_and_charged(native: Native, daemon_factory: type,
+                                                              short_tmp: Path) -> None:
+    """60 ms kernels (3x the 20 ms slice), two queued at once, run past the lease end: the shim waits
+    for them before giving the lease back and the overrun is charged, so the share is still 1:2."""
+    d = daemon_factory.start(*DAEMON, "--policy", "2", "--slice-ms", "20")
+    a, b, win, ov = pair(native, d, short_tmp, 10.7, 60, 2)
+    assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
+    assert ov < 0.001, ov  # the next holder starts only after the queued kernels finished
+    held = {i: float(status_of(d, i)["held_seconds"]) for i in ("w1", "w2")}  # type: ignore[arg-type]
+    assert held["w2"] / held["w1"] == pytest.approx(2.0, rel=0.05), held  # what the daemon charged
+
+
+@pytest.mark.parametrize("api", ["ex", "coop", "graph"])
+def test_every_launch_entry_point_is_gated(native: Native, daemon_factory: type, short_tmp: Path,
+                                           api: str) -> None:
+    """cuLaunchKernelEx, cuLaunchCooperativeKernel and cuGraphLaunch (a captured graph of 4 kernels,
+    gated as a whole): two instances on policy 1 never run kernels at once, and both progress."""
+    d = daemon_factory.start(*DAEMON, "--policy", "1", "--slice-ms", "10")
+    a, b, win, ov = pair(native, d, short_tmp, 2.5, 2, 4, api=api)
+    assert ov < 0.001, ov
+    assert a > 0.2 * win and b > 0.2 * win, (a, b, win)
+
+
+def test_memory_limit_out_of_memory_and_return(native: Native, daemon_factory: type) -> None:
+    """A 1 GiB instance: the second process's 600 MiB gets CUDA_ERROR_OUT_OF_MEMORY while the first
+    keeps running; cuMemGetInfo and cuDeviceTotalMem show the limit; kill -9 returns the memory."""
+    d = daemon_factory.start(*DAEMON)
+    env = {"CGPU_INSTANCE": "mem", "CGPU_MEM_LIMIT": "1GiB"}
+    first = start_job(native, d, "info", "total", "alloc=600M", "info", "ready", "sleep=30000", **env)
+    seen = []
+    while not seen or seen[-1].split()[0] != "ready":
+        line = first.stdout.readline()  # type: ignore[union-attr]
+        assert line, first.stderr.read()  # type: ignore[union-attr]
+        seen.append(line)
+    out = "".join(seen)
+    assert fields(lines(out, "info")[0]["name"] and out.splitlines()[0])["total"] == str(GIB)
+    assert lines(out, "total")[0]["bytes"] == str(GIB)
+    assert lines(out, "alloc")[0]["rc"] == "0"
+    assert lines(out, "info")[1]["free"] == str(GIB - 600 * MIB)
+
+    second = run_job(native, d, "alloc=600M", "alloc=300M", **env)
+    assert second.returncode == 0, second.stderr
+    rcs = [ln["rc"] for ln in lines(second.stdout, "alloc")]
+    assert rcs == ["2", "0"], second.stdout  # 2 = CUDA_ERROR_OUT_OF_MEMORY; what fits still fits
+    assert "out of memory" in second.stderr
+    assert first.poll() is None  # the first carries on
+    meminfo = d.ctl("cat", "0/mem/meminfo").stdout
+    assert f"PID: {first.pid} Mem: {600 * MIB}" in meminfo
+
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and f"Free: {GIB}" not in meminfo:
+        meminfo = d.ctl("cat", "0/mem/meminfo").stdout
+    assert f"Free: {GIB}" in meminfo and "PID:" not in meminfo, meminfo
+
+
+def test_every_allocation_entry_point_reserves_and_frees(native: Native, daemon_factory: type) -> None:
+    """cuMemAllocPitch_v2, cuMemAllocAsync and cuMemCreate count against the ledger; their frees
+    (cuMemFree_v2, cuMemFreeAsync, cuMemRelease) give it back."""
+    d = daemon_factory.start(*DAEMON)
+    res = run_job(native, d, "pitch=1000,1000", "async=100M", "create=200M", "info", "create=800M", "freeall",
+                  "info", CGPU_INSTANCE="apis", CGPU_MEM_LIMIT="1GiB")
+    assert res.returncode == 0, res.stderr
+    pitch = int(lines(res.stdout, "pitch")[0]["pitch"])
+    assert pitch == 1024
+    used = 1024 * 1000 + 100 * MIB + 200 * MIB
+    info = lines(res.stdout, "info")
+    assert int(info[0]["free"]) == GIB - used
+    assert [ln["rc"] for ln in lines(res.stdout, "create")] == ["0", "2"]
+    assert lines(res.stdout, "freeall")[0] == {"name": "freeall", "count": "3", "failed": "0"}
+    assert int(info[1]["free"]) == GIB
+
+
+RESOLVE = [("direct", False, []), ("dlsym", True, ["--resolve", "dlsym"]), ("gpa", True, ["--resolve", "gpa"]),
+           ("gpa-ptsz", True, ["--resolve", "gpa-ptsz"])]
+
+
+@pytest.mark.parametrize(("name", "dl", "opts"), RESOLVE, ids=[r[0] for r in RESOLVE])
+def test_each_way_of_reaching_the_driver_is_hooked(native: Native, daemon_factory: type, name: str,
+                                                   dl: bool, opts: list[str]) -> None:
+    """Direct linking, dlopen + dlsym, cuGetProcAddress_v2 (and its per-thread-stream variants): the
+    memory hooks answer (limit as total, out of memory past it) and launches take leases."""
+    d = daemon_factory.start(*DAEMON)
+    inst = f"res-{name}"
+    res = run_job(native, d, *opts, "total", "alloc=2G", "info", f"spin=5,1,0,{at(0.3)}", dl=dl,
+                  CGPU_INSTANCE=inst, CGPU_MEM_LIMIT="1GiB")
+    assert res.returncode == 0, res.stderr
+    assert lines(res.stdout, "total")[0]["bytes"] == str(GIB)
+    assert lines(res.stdout, "alloc")[0]["rc"] == "2"
+    assert lines(res.stdout, "info")[0]["total"] == str(GIB)
+    kernels = int(lines(res.stdout, "spin")[0]["kernels"])
+    st = status_of(d, inst)
+    assert st["grants"] >= 1 and float(st["held_seconds"]) >= 0.9 * kernels * 0.005, st  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("mode", ["dlsym", "gpa"])
+def test_python_ctypes_program_is_gated(native: Native, daemon_factory: type, mode: str) -> None:
+    """A Python program that loads libcuda.so.1 (and libnvidia-ml.so.1) with ctypes, resolving by name
+    or through cuGetProcAddress: its kernels take leases, its allocation past the limit fails, and
+    CUDA and NVML report the limit as the device total."""
+    d = daemon_factory.start(*DAEMON)
+    inst = f"py-{mode}"
+    res = subprocess.run([sys.executable, str(WORKLOADS / "ctypes_cuda.py"), mode, "5", "20", str(2 * GIB)],
+                         env=native.env(d, CGPU_INSTANCE=inst, CGPU_MEM_LIMIT="1GiB"), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = fields("py " + res.stdout.strip())
+    assert got["alloc_rc"] == "2" and got["cuda_total"] == str(GIB) and got["nvml_total"] == str(GIB), got
+    st = status_of(d, inst)
+    assert st["grants"] >= 1 and float(st["held_seconds"]) >= 0.09, st  # type: ignore[operator]
+
+
+def test_highprio_revokes_and_the_shim_gives_way(native: Native, daemon_factory: type, short_tmp: Path) -> None:
+    """A high-priority instance arrives while a normal one holds the GPU: the daemon revokes, the shim
+    gives the lease back at its next launch, and the high-priority one gets at least its prio_ratio
+    share (50 %) with no kernel overlap."""
+    d = daemon_factory.start(*DAEMON, "--policy", "1", "--slice-ms", "10")
+    tr = short_tmp / "trace"
+    start, end = at(0.8), at(4.8)
+    low = start_job(native, d, f"spin=2,2,{start - 600_000_000},{end}", CGPU_INSTANCE="low", FAKECUDA_TRACE=str(tr))
+    high = start_job(native, d, f"spin=2,2,{start},{end}", dl=True, CGPU_INSTANCE="high",
+                     ALIYUN_COM_GPU_HIGH_PRIO="1", FAKECUDA_TRACE=str(tr))
+    for p in (low, high):
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    runs = trace.read(tr)
+    t0, t1 = start + 300_000_000, end - 100_000_000
+    hi, lo = trace.busy(runs[high.pid], t0, t1), trace.busy(runs[low.pid], t0, t1)
+    assert hi / (hi + lo) >= 0.45, (hi, lo)
+    assert lo > 0  # the normal instance still runs in the remainder
+    assert trace.overlap(runs) < 0.001
+
+
+def test_daemon_restart_mid_run(native: Native, daemon_factory: type) -> None:
+    """arbiterd is killed and restarted while the program runs: the shim reconnects, re-registers and
+    re-reserves its memory, and the program finishes normally."""
+    d = daemon_factory.start(*DAEMON)
+    job = start_job(native, d, "alloc=100M", f"spin=2,2,0,{at(5)}", CGPU_INSTANCE="survivor")
+    time.sleep(1.5)
+    d.stop(signal.SIGKILL)
+    time.sleep(1.0)
+    d.start()
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    assert "lost arbiterd" in err and "reconnected" in err
+    assert int(lines(out, "spin")[0]["kernels"]) > 100
+    # the memory it holds is back on the new daemon's ledger while it lives; gone once it exited
+    assert "PID:" not in d.ctl("cat", "0/survivor/meminfo").stdout
+
+
+def test_memory_is_re_reserved_after_restart(native: Native, daemon_factory: type) -> None:
+    d = daemon_factory.start(*DAEMON)
+    job = start_job(native, d, "alloc=100M", "ready", "sleep=4000", CGPU_INSTANCE="keeper", CGPU_MEM_LIMIT="1GiB")
+    assert job.stdout.readline().startswith("alloc")  # type: ignore[union-attr]
+    d.stop(signal.SIGKILL)
+    d.start()
+    deadline = time.monotonic() + 3
+    meminfo = ""
+    while time.monotonic() < deadline and f"Mem: {100 * MIB}" not in meminfo:
+        meminfo = d.ctl("cat", "0/keeper/meminfo").stdout
+        time.sleep(0.05)
+    assert f"PID: {job.pid} Mem: {100 * MIB}" in meminfo, meminfo
+    job.kill()
+    job.communicate()
+
+
+def test_no_daemon_waits_or_runs_unchecked(native: Native, short_tmp: Path) -> None:
+    """Without arbiterd, GPU work waits by default (isolation holds); with CGPU_ON_DAEMON_LOSS=run it
+    runs unchecked."""
+    nowhere = str(short_tmp / "none.sock")
+    res = run_job(native, None, f"spin=1,1,0,{at(0.3)}", CGPU_SOCKET=nowhere, CGPU_ON_DAEMON_LOSS="run",
+                  CGPU_INSTANCE="x")
+    assert res.returncode == 0, res.stderr
+    assert int(lines(res.stdout, "spin")[0]["kernels"]) > 50
+    waiting = start_job(native, None, f"spin=1,1,0,{at(5)}", CGPU_SOCKET=nowhere, CGPU_INSTANCE="x")
+    with pytest.raises(subprocess.TimeoutExpired):
+        waiting.communicate(timeout=1.5)
+    waiting.kill()
+    _, err = waiting.communicate()
+    assert "cannot reach arbiterd" in err
+
+
+def test_malformed_environment_is_a_one_line_error(native: Native) -> None:
+    res = run_job(native, None, "total", ALIYUN_COM_GPU_SCHD_WEIGHT="heavy")
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "ALIYUN_COM_GPU_SCHD_WEIGHT='heavy': expected an integer 1..25" in err[0]
+    assert res.stdout == ""
+
+
+def test_disabled_passes_everything_through(native: Native) -> None:
+    res = run_job(native, None, "total", "alloc=2G", CGPU_DISABLE="1", CGPU_MEM_LIMIT="1GiB",
+                  CGPU_SOCKET="/nonexistent.sock")
+    assert res.returncode == 0, res.stderr
+    assert lines(res.stdout, "total")[0]["bytes"] == str(16 * GIB)
+    assert lines(res.stdout, "alloc")[0]["rc"] == "0"
+
+
+def test_cgpu_run_preloads_the_shim_for_programs_that_are_not_python(native: Native, daemon_factory: type) -> None:
+    d = daemon_factory.start(*DAEMON)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(native.fakes), "CGPU_SOCKET": d.sock}
+    env.pop("LD_PRELOAD", None)
+    cmd = [tool("cgpu-run"), "--instance", "wrapped", "--mem", "1GiB", "--"]
+    auto = subprocess.run([*cmd, str(native.job_direct), "total", "alloc=2G"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert auto.returncode == 0, auto.stderr
+    assert lines(auto.stdout, "total")[0]["bytes"] == str(GIB)
+    assert lines(auto.stdout, "alloc")[0]["rc"] == "2"
+    plain = subprocess.run([tool("cgpu-run"), "--no-native", "--instance", "plain", "--mem", "1GiB", "--",
+                            str(native.job_direct), "total"], env=env, capture_output=True, text=True, timeout=60)
+    assert lines(plain.stdout, "total")[0]["bytes"] == str(16 * GIB)
+
+
+def test_python_interposer_leaves_cuda_to_the_shim(native: Native, daemon_factory: type) -> None:
+    """Under --native the PyTorch interposer does no CUDA enforcement of its own, and keeps the
+    CPU-as-simulated-GPU role."""
+    pytest.importorskip("torch")
+    d = daemon_factory.start(*DAEMON)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(native.fakes), "CGPU_SOCKET": d.sock}
+    probe = "import torch, libcgpu_client.torch as t; from libcgpu_client.native import shim_loaded; " \
+            "print(shim_loaded(), t._installed is not None)"
+    out = {}
+    for device in ("auto", "cpu"):
+        res = subprocess.run([tool("cgpu-run"), "--native", "--device", device, "--instance", f"n-{device}", "--",
+                              sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        out[device] = res.stdout.split()
+    assert out == {"auto": ["True", "False"], "cpu": ["True", "True"]}
