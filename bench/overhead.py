@@ -13,6 +13,12 @@
   ``cgpu-run --device cpu``: batches alternate between the interposer on and
   off (its dispatch mode disabled), so machine noise hits both alike.
 
+* **Native shim** (libcgpu.so against the fake CUDA driver): the fast path per
+  launch, ns (an empty kernel launched 2 M times with the shim preloaded and a
+  lease held, minus the same without the shim), and the grant round trip from C
+  (``bench/native/grant_rtt.c``: C threads speaking the protocol with the
+  shim's own codec, 1, 16 and 64 clients). Needs gcc; skipped without it.
+
 The output ends with one line
 ``grant_p50_us=<n> grant_p99_us=<n> fastpath_ns=<n> interposer_overhead_pct=<n>``
 (grant figures at 64 clients, overhead on ResNet-50).
@@ -179,6 +185,45 @@ def interposer_overhead(sock: str, rounds: int) -> dict[str, Any]:
     return result
 
 
+def native_overhead(sock: str, seconds: float) -> dict[str, Any] | None:
+    """libcgpu.so's fast path per launch and the grant round trip from C; None without gcc."""
+    import shutil
+
+    from libcgpu_client.native import build as nb
+    from libcgpu_client.native import shim_path
+
+    if shutil.which("gcc") is None:
+        return None
+    out = Path(tempfile.mkdtemp(prefix="cgpu-native-"))
+    fakes = nb.build_fakes(out)
+    shim = shim_path() or nb.build_shim(out)
+    job = nb.build_program([ROOT / "tests/native/progs/cuda_job.c"], out / "cuda_job", link_cuda=fakes,
+                           defines=("DIRECT",))
+    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], out / "grant_rtt")
+    base = {**os.environ, "LD_LIBRARY_PATH": str(fakes)}
+    shimmed = {**base, "LD_PRELOAD": str(shim), "CGPU_SOCKET": sock, "CGPU_INSTANCE": "shim-fastpath",
+               "CGPU_IDLE_MS": "10000"}
+
+    def per_launch(env: dict[str, str]) -> float:
+        best = float("inf")
+        for _ in range(3):
+            res = subprocess.run([str(job), "nulls=2000000"], env=env, capture_output=True, text=True,
+                                 timeout=120, check=True)
+            best = min(best, float(res.stdout.split("ns_per_launch=")[1]))
+        return best
+
+    plain, gated = per_launch(base), per_launch(shimmed)
+    grants = {}
+    for n in (1, 16, 64):
+        res = subprocess.run([str(rtt), sock, str(n), str(seconds)], capture_output=True, text=True,
+                             timeout=seconds + 60, check=True)
+        kv = dict(f.split("=") for f in res.stdout.split()[1:])
+        grants[str(n)] = {"p50_us": float(kv["p50_us"]), "p99_us": float(kv["p99_us"]), "samples": int(kv["samples"])}
+    shutil.rmtree(out, ignore_errors=True)
+    return {"launch_ns_plain": plain, "launch_ns_shim": gated, "fastpath_ns": round(gated - plain, 1),
+            "grant_round_trip_c": grants}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,10 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         grants = grant_round_trip(sock, args.seconds)
         fast = fast_path(sock)
         interp = interposer_overhead(sock, args.rounds)
+        native = native_overhead(sock, args.seconds)
     finally:
         daemon.terminate()
         daemon.wait(10)
-    doc = {"grant_round_trip": grants, "fastpath_ns": round(fast, 1), "interposer": interp}
+    doc = {"grant_round_trip": grants, "fastpath_ns": round(fast, 1), "interposer": interp, "native": native}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -213,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in interp.items():
             print(f"interposer on {name}: {r['gated_ms']} ms vs {r['plain_ms']} ms per batch, "
                   f"{r['overhead_pct']} % ({r['ops_per_batch']} ops, {r['per_op_us']} us per op)")
+        if native is not None:
+            print(f"libcgpu.so fast path: {native['fastpath_ns']} ns per launch "
+                  f"({native['launch_ns_shim']} with the shim, {native['launch_ns_plain']} without)")
+            for n, g in native["grant_round_trip_c"].items():
+                print(f"grant round trip from C, {n:>2} clients: p50 {g['p50_us']} us, p99 {g['p99_us']} us")
     g64 = grants["64"]
     line = (f"grant_p50_us={g64['p50_us']} grant_p99_us={g64['p99_us']} fastpath_ns={fast:.0f} "
             f"interposer_overhead_pct={interp['resnet50_b16_64px']['overhead_pct']}")
@@ -224,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
         body += [f"| {name} | {r['ops_per_batch']} | {r['gated_ms']} | {r['plain_ms']} | {r['overhead_pct']} % | "
                  f"{r['per_op_us']} us |" for name, r in interp.items()]
+        if native is not None:
+            body += ["", f"libcgpu.so fast path: {native['fastpath_ns']} ns per launch (target 100 ns): "
+                     f"{native['launch_ns_shim']} ns per empty-kernel launch with the shim holding a lease, "
+                     f"{native['launch_ns_plain']} ns without it (fake CUDA driver).", "",
+                     "| clients (C, shim codec) | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
+            body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |"
+                     for n, g in native["grant_round_trip_c"].items()]
         cmd = "python -m bench.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
         results.update("overhead", cmd.strip(), "\n".join(body) + f"\n\n{line}\n")
     print(line)

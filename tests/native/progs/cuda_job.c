@@ -36,6 +36,10 @@
     X(cuGraphInstantiateWithFlags, CUresult (*)(CUgraphExec *, CUgraph, unsigned long long))   \
     X(cuModuleLoadData, CUresult (*)(CUmodule *, const void *))                                \
     X(cuModuleGetFunction, CUresult (*)(CUfunction *, CUmodule, const char *))                 \
+    X(cuModuleUnload, CUresult (*)(CUmodule))                                                  \
+    X(cuGraphDestroy, CUresult (*)(CUgraph))                                                   \
+    X(cuGraphExecDestroy, CUresult (*)(CUgraphExec))                                           \
+    X(cuStreamDestroy_v2, CUresult (*)(CUstream))                                              \
     X(cuLaunchKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
                                    unsigned, CUstream, void **, void **))                      \
     X(cuLaunchKernelEx, CUresult (*)(const CUlaunchConfig *, CUfunction, void **, void **))    \
@@ -157,6 +161,7 @@ static void spin_loop(double ms, int batch, int64_t start, int64_t end) {
             CHECK(launch_one(spin_fn, &ns));
         CHECK(api.cuStreamEndCapture(stream, &g));
         CHECK(api.cuGraphInstantiateWithFlags(&exec, g, 0));
+        CHECK(api.cuGraphDestroy(g));
     }
     while (now_ns() < start)
         usleep(200);
@@ -179,6 +184,8 @@ static void spin_loop(double ms, int batch, int64_t start, int64_t end) {
             last = t1;
         }
     }
+    if (exec)
+        CHECK(api.cuGraphExecDestroy(exec));
     printf("spin kernels=%ld batches=%ld kernel_ns=%lld first=%lld last=%lld\n", kernels, batches,
            (long long)(kernels * (long long)ns), (long long)first, (long long)last);
 }
@@ -287,5 +294,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    CHECK(api.cuStreamDestroy_v2(stream));
+    CHECK(api.cuModuleUnload(mod));
     return 0;
 }
