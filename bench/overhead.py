@@ -11,7 +11,9 @@
 * **Interposer overhead**, % against no interposer, on a small MLP and on
   ResNet-50 (64x64 images, batch 16, inference), in one process under
   ``cgpu-run --device cpu``: batches alternate between the interposer on and
-  off (its dispatch mode disabled), so machine noise hits both alike.
+  off (its dispatch mode disabled and its module hooks removed), so machine
+  noise hits both alike. ``--torch-hook dispatch`` measures the per-operator
+  dispatch mode instead of the default module hooks.
 
 * **Native shim** (libcgpu.so against the fake CUDA driver): the fast path per
   launch, ns (an empty kernel launched 2 M times with the shim preloaded and a
@@ -121,38 +123,49 @@ def fast_path(sock: str) -> float:
 
 INTERPOSER_PROBE = r"""
 import json, sys, time, torch
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 sys.path.insert(0, sys.argv[1])
 from bench.resnet import ResNet50
 import libcgpu_client.torch as cg
 assert cg._installed is not None, "interposer not active"
+hook = cg._installed.module_gate  # None with CGPU_TORCH_HOOK=dispatch
 torch.set_num_threads(2)
 rounds = int(sys.argv[2])
+
+def plain(fn):
+    # no interposer at all: dispatch mode off and the module hooks removed
+    if hook is not None:
+        hook.remove()
+    try:
+        with _disable_current_modes():
+            return fn()
+    finally:
+        if hook is not None:
+            hook.install()
 
 def compare(fn, rounds):
     on, off = [], []
     for i in range(rounds):
         for gated in ((True, False) if i % 2 else (False, True)):
             t = time.perf_counter()
-            if gated:
-                fn()
-            else:
-                with _disable_current_modes():
-                    fn()
+            fn() if gated else plain(fn)
             (on if gated else off).append(time.perf_counter() - t)
     on.sort(); off.sort()
     return on[len(on) // 2], off[len(off) // 2]
 
+class Count(TorchDispatchMode):
+    n = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        Count.n += 1
+        return func(*args, **(kwargs or {}))
+
 def ops_per_call(fn):
-    n = [0]
-    real = cg._installed.__class__.__torch_dispatch__
-    def counting(self, func, types, args=(), kwargs=None):
-        n[0] += 1
-        return real(self, func, types, args, kwargs)
-    cg._installed.__class__.__torch_dispatch__ = counting
-    fn()
-    cg._installed.__class__.__torch_dispatch__ = real
-    return n[0]
+    def counted():
+        Count.n = 0
+        with Count():
+            fn()
+    plain(counted)
+    return Count.n
 
 results = {}
 mlp = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
@@ -174,8 +187,8 @@ print(json.dumps(results))
 """
 
 
-def interposer_overhead(sock: str, rounds: int) -> dict[str, Any]:
-    env = {**os.environ, "CGPU_SOCKET": sock, "OMP_WAIT_POLICY": "PASSIVE"}
+def interposer_overhead(sock: str, rounds: int, torch_hook: str = "module") -> dict[str, Any]:
+    env = {**os.environ, "CGPU_SOCKET": sock, "OMP_WAIT_POLICY": "PASSIVE", "CGPU_TORCH_HOOK": torch_hook}
     proc = subprocess.run([tool("cgpu-run"), "--device", "cpu", "--instance", "overhead", "--gpus", "1", "--",
                            sys.executable, "-c", INTERPOSER_PROBE, str(ROOT), str(rounds)],
                           capture_output=True, text=True, env=env, timeout=900)
@@ -231,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per grant round-trip level")
     p.add_argument("--rounds", type=int, default=30, help="ResNet-50 batches per side")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
+    p.add_argument("--torch-hook", choices=["module", "dispatch"], default="module",
+                   help="how the interposer gates PyTorch on the CPU (CGPU_TORCH_HOOK; default module)")
+    p.add_argument("--only", choices=["interposer"], help="run only this part (no RESULTS.md)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
     sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
@@ -241,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
             raise RuntimeError("arbiterd did not start")
         subprocess.run([tool("cgpuctl"), "--admin", admin, "echo", "5", "0/policy"], check=True)
+        if args.only == "interposer":
+            print(json.dumps(interposer_overhead(sock, args.rounds, args.torch_hook), indent=2))
+            return 0
         grants = grant_round_trip(sock, args.seconds)
         fast = fast_path(sock)
-        interp = interposer_overhead(sock, args.rounds)
+        interp = interposer_overhead(sock, args.rounds, args.torch_hook)
         native = native_overhead(sock, args.seconds)
     finally:
         daemon.terminate()

@@ -1,8 +1,8 @@
 """The headline benchmark: ResNet-50 images/s of two instances with weights 1:2 (SPEC §9).
 
-    python -m bench.resnet50 [--weights 1:2] [--policy 2] [--batch 16,32,64,128] [--seconds 30]
+    python -m bench.resnet50 [--weights 1:2] [--policy 2] [--batch 16,32,64,128] [--seconds 24]
                              [--warmup 5] [--image-size 64] [--train] [--device cpu|cuda]
-                             [--admin ADDR --socket PATH] [--slice-ms 5] [--json] [--no-results]
+                             [--admin ADDR --socket PATH] [--slice-ms MS] [--json] [--no-results]
 
 Real daemon, real interposer, real ResNet-50 (bench/resnet.py), two separate
 processes under ``cgpu-run``. For every batch size it measures, after a
@@ -10,7 +10,15 @@ warm-up, over a steady window:
 
 * **exclusive**: one instance alone under the arbiter, before and after the
   pair (the mean of the two: this machine's speed drifts by 20 % over minutes);
-* **arbitrated**: two instances with the given weights (default policy 2);
+* **arbitrated**: two instances with the given weights (default policy 2).
+  The window is cut in two halves and the two processes swap weights between
+  them (through the settings tree, while they run): process A has weight 1
+  then 2, process B weight 2 then 1. "weight 1" is the mean rate of whoever
+  had weight 1, and so on. Two processes running the same model on this
+  machine differ in speed by up to ±5 % from run to run (while each stays
+  steady within a run), whether arbitrated or not; the swap cancels that, so
+  the ratio shows what the arbiter does. Both halves' raw ratios are reported
+  too ("halves");
 * **no arbiter**: the same two processes without cgpu (plain OS sharing).
 
 On machines without a GPU the CPU is the simulated GPU (``--device cpu``,
@@ -19,12 +27,14 @@ On machines without a GPU the CPU is the simulated GPU (``--device cpu``,
 several seconds per batch on two cores). ``--device cuda`` runs the same on a
 GPU host.
 
-Slices are 20 ms on the CPU (5 ms, the daemon's default, on CUDA). The
+Slices are 50 ms on the CPU (5 ms, the daemon's default, on CUDA). The
 daemon's held time is 1:2 at any slice length (the "held-time ratio"
-column). The images/s ratio of the CPU as simulated GPU comes out a few per
-cent above 2 at 5 and 10 ms slices (2.15 and 2.11 at batch 16) and closer
-to 2 at 20 ms; longer slices than that did not help further (see
-bench/RESULTS.md).
+column), but every switch costs the incoming process about 1 ms of slower
+work on the CPU (its caches and threads are cold; measured with a probe that
+swaps weights, as above, at 20 and 60 ms slices). Both processes switch
+equally often, so the weight-1 process pays that cost on half the held time:
+at 20 ms slices the images/s ratio came out 2.06-2.07 with the swap, and
+2.15 at 5 ms without it. At 50 ms the cost is about 1 % of the ratio.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ from libcgpu_client.client import wait_for_socket
 
 # Seed 001: two containers on one A10, compute ratio 1:2 (images/s)
 REFERENCE_TF = {16: (151, 307, 2.03), 32: (204, 418, 2.05), 64: (247, 503, 2.04), 128: (257, 516, 2.01)}
+SETTLE_S = 1.0  # after the weights swap, before the second half of the window
+
 REFERENCE_TRT = {1: (568.05, 1132.08, 1.99), 8: (1586.87, 3055.66, 1.93), 32: (1989.28, 3695.88, 1.86),
                  128: (2205.25, 3901.94, 1.77)}
 
@@ -72,14 +84,19 @@ class Runner:
         self.admin = admin
         self.tmp = tmp
 
-    def _sample_held(self, held: dict[str, dict[str, float]], t0: int, t1: int) -> None:
-        """The daemon's held time of every instance at the start and the end of the window."""
-        for key, at in (("start", t0), ("end", t1 - 100_000_000)):
+    def _sample_held(self, held: list[dict[str, float]], times: list[int]) -> None:
+        """The daemon's held time of every instance at each of ``times``."""
+        for at in times:
             time.sleep(max(0.0, (at - time.monotonic_ns()) / 1e9))
-            held[key] = _held_now(self.admin)
+            held.append(_held_now(self.admin))
 
-    def run(self, batch: int, instances: list[tuple[str, int]], arbiter: bool) -> dict[str, dict[str, Any]]:
-        """Run one worker per instance together; return completions and rates per instance."""
+    def run(self, batch: int, instances: list[tuple[str, int]], arbiter: bool,
+            swap: bool = False) -> dict[str, dict[str, Any]]:
+        """Run one worker per instance together; return completions and rates per instance.
+
+        With ``swap`` (two instances) the window is cut in two halves: after the first the two
+        swap weights (through the settings tree, while they run), and each instance's rate and
+        held time are reported per half (``halves``)."""
         a = self.args
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -100,28 +117,45 @@ class Runner:
             if line != "ready":
                 raise RuntimeError(f"worker {name} failed to start: {line!r}")
         start = time.monotonic_ns() + 200_000_000
-        end = start + int((a.warmup + a.seconds) * 1e9)
+        t0 = start + int(a.warmup * 1e9)
+        if swap:  # [t0, t1) first half, settle, [t2, end) second half
+            half = int(a.seconds / 2 * 1e9)
+            t1 = t0 + half
+            t2 = t1 + int(SETTLE_S * 1e9)
+            cuts = [(t0, t1), (t2, t2 + half)]
+        else:
+            cuts = [(t0, t0 + int(a.seconds * 1e9))]
+        end = cuts[-1][1]
         for proc, _ in procs.values():
             assert proc.stdin is not None
             proc.stdin.write(f"{start} {end}\n")
             proc.stdin.flush()
-        out: dict[str, dict[str, Any]] = {}
-        t0 = start + int(a.warmup * 1e9)
-        held: dict[str, dict[str, float]] = {}
-        sampler = threading.Thread(target=self._sample_held, args=(held, t0, end)) if arbiter else None
+        held: list[dict[str, float]] = []
+        times = [t for cut in cuts for t in cut]
+        sampler = threading.Thread(target=self._sample_held, args=(held, times)) if arbiter else None
         if sampler is not None:
             sampler.start()
+        if swap:
+            time.sleep(max(0.0, (cuts[0][1] - time.monotonic_ns()) / 1e9) + 0.05)
+            (n1, wa), (n2, wb) = instances
+            for name, weight in ((n1, wb), (n2, wa)):
+                subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", str(weight), f"0/{name}/weight"],
+                               check=True, capture_output=True)
+        out: dict[str, dict[str, Any]] = {}
         for name, (proc, path) in procs.items():
             proc.wait(timeout=a.warmup + a.seconds + 600)
             if proc.returncode != 0:
                 raise RuntimeError(f"worker {name} exited with {proc.returncode}")
             completions = json.loads(path.read_text())["completions"]
-            out[name] = {"completions": completions, "images_per_s": rate(completions, batch, t0, end),
-                         "window": (t0, end)}
+            out[name] = {"completions": completions, "window": (t0, end),
+                         "images_per_s": rate(completions, batch, *cuts[0]),
+                         "halves": [{"images_per_s": rate(completions, batch, c0, c1)} for c0, c1 in cuts]}
         if sampler is not None:
             sampler.join()
             for name in out:
-                out[name]["held_seconds"] = held["end"].get(name, 0.0) - held["start"].get(name, 0.0)
+                for k, h in enumerate(out[name]["halves"]):
+                    h["held_seconds"] = held[2 * k + 1].get(name, 0.0) - held[2 * k].get(name, 0.0)
+                out[name]["held_seconds"] = out[name]["halves"][0]["held_seconds"]
         if arbiter:
             for name, _ in instances:  # leave no record behind: a registered instance takes turns (policy 2)
                 subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", f"remove {name}", "inst_ctl"],
@@ -165,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="1:2", help="weights of the two instances (default 1:2)")
     p.add_argument("--policy", type=int, default=2, help="GPU policy for the arbitrated run (default 2)")
     p.add_argument("--batch", default="16,32,64,128", help="batch sizes (default 16,32,64,128)")
-    p.add_argument("--seconds", type=float, default=20.0, help="measuring window per run (default 20)")
+    p.add_argument("--seconds", type=float, default=24.0,
+                   help="measuring window per run (default 24; the arbitrated run's is cut in two halves)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds run before the window (default 5)")
     p.add_argument("--image-size", type=int, default=64, help="square image side (default 64)")
     p.add_argument("--train", action="store_true", help="training steps instead of inference")
@@ -173,14 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads of each instance (default: every core)")
     p.add_argument("--slice-ms", type=int, default=None,
-                   help="slice length of the daemon this starts (default 20 on cpu, 5 on cuda; see below)")
+                   help="slice length of the daemon this starts (default 50 on cpu, 5 on cuda; see above)")
     p.add_argument("--admin", help="use a running daemon's admin API instead of starting one")
     p.add_argument("--socket", help="with --admin: that daemon's arbiter.sock")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md and the plot")
     args = p.parse_args(argv)
     if args.slice_ms is None:
-        args.slice_ms = 20 if args.device == "cpu" else 5
+        args.slice_ms = 50 if args.device == "cpu" else 5
     w1, w2 = (int(w) for w in args.weights.split(":"))
     batches = [int(b) for b in args.batch.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-rn50-"))
@@ -208,29 +243,37 @@ def main(argv: list[str] | None = None) -> int:
             # exclusive is measured before and after the pair and averaged: this machine's speed drifts
             solo = runner.run(batch, [(f"rn50-b{batch}-solo", 1)], arbiter=True)[f"rn50-b{batch}-solo"]
             subprocess.run([*ctl, "echo", str(args.policy), "0/policy"], check=True)  # in case weight>1 switched it
-            names = (f"rn50-b{batch}-w{w1}", f"rn50-b{batch}-w{w2}")
-            pair = runner.run(batch, [(names[0], w1), (names[1], w2)], arbiter=True)
+            names = (f"rn50-b{batch}-A", f"rn50-b{batch}-B")
+            pair = runner.run(batch, [(names[0], w1), (names[1], w2)], arbiter=True, swap=True)
             solo2 = runner.run(batch, [(f"rn50-b{batch}-solo", 1)], arbiter=True)[f"rn50-b{batch}-solo"]
             subprocess.run([*ctl, "echo", str(args.policy), "0/policy"], check=True)
             plain = runner.run(batch, [(names[0] + "-plain", 0), (names[1] + "-plain", 0)], arbiter=False)
             ex = (solo["images_per_s"] + solo2["images_per_s"]) / 2
-            a, b = pair[names[0]]["images_per_s"], pair[names[1]]["images_per_s"]
+            ha, hb = pair[names[0]]["halves"], pair[names[1]]["halves"]
+            # weight w1 is A's in the first half and B's in the second; weight w2 the other way round
+            a = (ha[0]["images_per_s"] + hb[1]["images_per_s"]) / 2
+            b = (hb[0]["images_per_s"] + ha[1]["images_per_s"]) / 2
+            h1 = ha[0]["held_seconds"] + hb[1]["held_seconds"]
+            h2 = hb[0]["held_seconds"] + ha[1]["held_seconds"]
+            halves = [hb[0]["images_per_s"] / ha[0]["images_per_s"], ha[1]["images_per_s"] / hb[1]["images_per_s"]]
             pa, pb = plain[names[0] + "-plain"]["images_per_s"], plain[names[1] + "-plain"]["images_per_s"]
-            h1, h2 = pair[names[0]]["held_seconds"], pair[names[1]]["held_seconds"]
             row = {
                 "batch": batch, "exclusive": ex, "inst1": a, "inst2": b, "ratio": b / a,
-                "held_ratio": h2 / h1 if h1 else float("nan"),
+                "half_ratios": halves, "held_ratio": h2 / h1 if h1 else float("nan"),
                 "aggregate_vs_exclusive": (a + b) / ex, "no_arbiter1": pa, "no_arbiter2": pb,
                 "no_arbiter_ratio": pb / pa,
                 "series": {
-                    f"weight {w1}": series(pair[names[0]]["completions"], batch, pair[names[0]]["window"]),
-                    f"weight {w2}": series(pair[names[1]]["completions"], batch, pair[names[1]]["window"]),
+                    f"A (weight {w1}, then {w2})": series(pair[names[0]]["completions"], batch,
+                                                           pair[names[0]]["window"]),
+                    f"B (weight {w2}, then {w1})": series(pair[names[1]]["completions"], batch,
+                                                           pair[names[1]]["window"]),
                     "exclusive": series(solo["completions"], batch, solo["window"]),
                 },
             }
             rows.append(row)
             print(f"batch {batch}: exclusive {ex:.1f}, weight {w1} {a:.1f}, weight {w2} {b:.1f} img/s, "
-                  f"ratio {b / a:.3f} (held {h2 / h1 if h1 else float('nan'):.3f}), "
+                  f"ratio {b / a:.3f} (halves {halves[0]:.3f} / {halves[1]:.3f}; "
+                  f"held {h2 / h1 if h1 else float('nan'):.3f}), "
                   f"sum {100 * (a + b) / ex:.1f} % of exclusive; no arbiter "
                   f"{pa:.1f} / {pb:.1f} (ratio {pb / pa:.2f})", file=sys.stderr, flush=True)
     finally:
@@ -263,18 +306,21 @@ def render(doc: dict[str, Any]) -> str:
     lines = [
         f"ResNet-50 {mode}, {doc['image_size']}x{doc['image_size']} images, device {doc['device']} "
         f"({doc['threads']} threads per instance), policy {doc['policy']}, slice {doc['slice_ms']} ms, "
-        f"weights {w1}:{w2}, {doc['seconds']:.0f} s window after {doc['warmup']:.0f} s warm-up",
+        f"weights {w1}:{w2}, {doc['seconds']:.0f} s window after {doc['warmup']:.0f} s warm-up "
+        f"(two halves; the processes swap weights between them)",
         "",
         "| batch | reference TF (A10) w1 / w2 / ratio | cgpu exclusive | cgpu weight "
-        f"{w1} | cgpu weight {w2} | **cgpu ratio** | held-time ratio | sum / exclusive | no arbiter 1 / 2 / ratio |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"{w1} | cgpu weight {w2} | **cgpu ratio** | halves | held-time ratio | sum / exclusive | "
+        "no arbiter 1 / 2 / ratio |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for r in doc["results"]:
         ref = REFERENCE_TF.get(r["batch"])
         ref_s = f"{ref[0]} / {ref[1]} / {ref[2]:.2f}" if ref else "-"
         lines.append(
             f"| {r['batch']} | {ref_s} | {r['exclusive']:.1f} | {r['inst1']:.1f} | {r['inst2']:.1f} | "
-            f"**{r['ratio']:.3f}** | {r['held_ratio']:.3f} | {100 * r['aggregate_vs_exclusive']:.1f} % | "
+            f"**{r['ratio']:.3f}** | {r['half_ratios'][0]:.3f} / {r['half_ratios'][1]:.3f} | "
+            f"{r['held_ratio']:.3f} | {100 * r['aggregate_vs_exclusive']:.1f} % | "
             f"{r['no_arbiter1']:.1f} / {r['no_arbiter2']:.1f} / {r['no_arbiter_ratio']:.2f} |")
     lines.append("")
     lines.append("Reference TensorRT (A10) ratio: " + ", ".join(
