@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per grant round-trip level")
-    p.add_argument("--rounds", type=int, default=30, help="ResNet-50 batches per side")
+    p.add_argument("--rounds", type=int, default=80, help="ResNet-50 batches per side (default 80)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     p.add_argument("--torch-hook", choices=["module", "dispatch"], default="module",
                    help="how the interposer gates PyTorch on the CPU (CGPU_TORCH_HOOK; default module)")
