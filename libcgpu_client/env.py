@@ -17,7 +17,7 @@ variable, the bad value and what was expected. Nothing falls back silently.
 | CGPU_IDLE_MS | give an unused lease back after this many ms (default 3) |
 | CGPU_DEVICE | auto (default), cuda, or cpu (the CPU acts as the simulated GPU) |
 | CGPU_NATIVE | 1 when libcgpu.so is preloaded and enforces CUDA itself |
-| CGPU_TORCH_HOOK | module (default) or dispatch: how the CPU-as-GPU gates PyTorch |
+| CGPU_TORCH_HOOK | dispatch (default) or module: how the CPU-as-GPU gates PyTorch |
 | CGPU_MEM_LIMIT | cgpu extension: limit per card as a size (``600MiB``, ``1GiB,2GiB``); |
 |                | it wins over ALIYUN_COM_GPU_MEM_CONTAINER |
 """
@@ -123,7 +123,7 @@ class ClientEnv:
     idle_ms: float = 3.0
     device: str = "auto"
     native: bool = False
-    torch_hook: str = "module"
+    torch_hook: str = "dispatch"
 
 
 
@@ -175,7 +175,7 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
     if device not in ("auto", "cuda", "cpu"):
         raise _bad("CGPU_DEVICE", device, "auto, cuda or cpu")
     native = parse_bool("CGPU_NATIVE", v) if (v := get("CGPU_NATIVE")) else False
-    torch_hook = (get("CGPU_TORCH_HOOK") or "module").strip().lower()
+    torch_hook = (get("CGPU_TORCH_HOOK") or "dispatch").strip().lower()
     if torch_hook not in ("module", "dispatch"):
         raise _bad("CGPU_TORCH_HOOK", torch_hook, "module or dispatch")
     sock = get("CGPU_SOCKET") or DEFAULT_SOCKET
