@@ -91,12 +91,6 @@ typedef CUresult(gpa_t)(const char *, void **, int, cuuint64_t);
 typedef CUresult(gpa2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef nvmlReturn_t(nvml_mem_t)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t(nvml_mem2_t)(nvmlDevice_t, nvmlMemory_v2_t *);
-typedef CUresult(ctx_sync_t)(void);
-typedef CUresult(ctx_get_t)(CUcontext *);
-typedef CUresult(ctx_dev_t)(CUdevice *);
-typedef CUresult(ctx_push_t)(CUcontext);
-typedef CUresult(is_capturing_t)(CUstream, CUstreamCaptureStatus *);
-typedef nvmlReturn_t(nvml_index_t)(nvmlDevice_t, unsigned int *);
 
 EXPORT launch_t cuLaunchKernel, cuLaunchKernel_ptsz;
 EXPORT launch_ex_t cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
@@ -115,6 +109,15 @@ EXPORT gpa_t cuGetProcAddress;
 EXPORT gpa2_t cuGetProcAddress_v2;
 EXPORT nvml_mem_t nvmlDeviceGetMemoryInfo;
 EXPORT nvml_mem2_t nvmlDeviceGetMemoryInfo_v2;
+
+/* The driver functions the shim only calls (HELPERS): declared for their types, never defined here. */
+CUresult cuCtxSynchronize(void);
+CUresult cuCtxGetCurrent(CUcontext *);
+CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuCtxPushCurrent_v2(CUcontext);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
+CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus *);
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned int *);
 
 #define AS_ENTRY(name, base, lo, hi, ptsz, lib) [H_##name] = {#name, base, lo, hi, ptsz, lib, (void *)name, NULL},
 #define AS_HELPER(name, base, lo, hi, ptsz, lib) [H_##name] = {#name, base, lo, hi, ptsz, lib, NULL, NULL},
@@ -167,7 +170,8 @@ static void *real_of(int idx) {
         p = NULL;
     return p;
 }
-#define REAL(name) ((name##_real_t *)real_of(H_##name))
+/* The real entry point, typed like the declaration above (the hook's own, or the helper's). */
+#define REAL(name) ((__typeof__(name) *)real_of(H_##name))
 
 static int find_entry(const char *name) {
     for (int k = 0; k < N_HOOKS; k++)
@@ -211,11 +215,9 @@ static void *substitute(const char *symbol, int version, cuuint64_t flags, void 
     return table[found].hook;
 }
 
-typedef gpa_t cuGetProcAddress_real_t;
-typedef gpa2_t cuGetProcAddress_v2_real_t;
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
-    cuGetProcAddress_real_t *real = REAL(cuGetProcAddress);
+    __typeof__(cuGetProcAddress) *real = REAL(cuGetProcAddress);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
     CUresult r = real(symbol, pfn, version, flags);
@@ -226,7 +228,7 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *status) {
-    cuGetProcAddress_v2_real_t *real = REAL(cuGetProcAddress_v2);
+    __typeof__(cuGetProcAddress_v2) *real = REAL(cuGetProcAddress_v2);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
     CUresult r = real(symbol, pfn, version, flags, status);
@@ -237,32 +239,25 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
 
 /* --------------------------------------------------------- context helpers */
 
-typedef ctx_sync_t cuCtxSynchronize_real_t;
-typedef ctx_get_t cuCtxGetCurrent_real_t;
-typedef ctx_dev_t cuCtxGetDevice_real_t;
-typedef ctx_push_t cuCtxPushCurrent_v2_real_t;
-typedef ctx_get_t cuCtxPopCurrent_v2_real_t;
-typedef is_capturing_t cuStreamIsCapturing_real_t;
-typedef nvml_index_t nvmlDeviceGetIndex_real_t;
 
 CUcontext cgpu_current_context(void) {
     CUcontext c = NULL;
-    cuCtxGetCurrent_real_t *get = REAL(cuCtxGetCurrent);
+    __typeof__(cuCtxGetCurrent) *get = REAL(cuCtxGetCurrent);
     if (get && get(&c) != CUDA_SUCCESS)
         c = NULL;
     return c;
 }
 
 void cgpu_sync_context(CUcontext ctx) {
-    cuCtxSynchronize_real_t *sync = REAL(cuCtxSynchronize);
+    __typeof__(cuCtxSynchronize) *sync = REAL(cuCtxSynchronize);
     if (!sync)
         return;
     if (cgpu_current_context() == ctx) {
         sync();
         return;
     }
-    cuCtxPushCurrent_v2_real_t *push = REAL(cuCtxPushCurrent_v2);
-    cuCtxPopCurrent_v2_real_t *pop = REAL(cuCtxPopCurrent_v2);
+    __typeof__(cuCtxPushCurrent_v2) *push = REAL(cuCtxPushCurrent_v2);
+    __typeof__(cuCtxPopCurrent_v2) *pop = REAL(cuCtxPopCurrent_v2);
     if (push && pop && push(ctx) == CUDA_SUCCESS) {
         CUcontext popped;
         sync();
@@ -275,7 +270,7 @@ static int current_pos(void) {
     if (cgpu_cfg.ngpus == 1)
         return 0;
     CUdevice dev = -1;
-    cuCtxGetDevice_real_t *get = REAL(cuCtxGetDevice);
+    __typeof__(cuCtxGetDevice) *get = REAL(cuCtxGetDevice);
     if (!get || get(&dev) != CUDA_SUCCESS || dev < 0 || dev >= cgpu_cfg.ngpus)
         return -1;
     return dev;
@@ -284,7 +279,7 @@ static int current_pos(void) {
 /* ------------------------------------------------------------------ launches */
 
 static int slow(cgpu_gate *g, CUstream stream) {
-    cuStreamIsCapturing_real_t *capturing = REAL(cuStreamIsCapturing);
+    __typeof__(cuStreamIsCapturing) *capturing = REAL(cuStreamIsCapturing);
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     if (capturing && capturing(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
         return 0; /* recorded into a graph, not run: the graph's launch is gated */
@@ -305,14 +300,10 @@ static int slow(cgpu_gate *g, CUstream stream) {
     } while (0)
 
 #define REAL_OR_FAIL(name) \
-    name##_real_t *real = REAL(name); \
+    __typeof__(name) *real = REAL(name); \
     if (!real)                        \
         return CUDA_ERROR_NOT_FOUND
 
-typedef launch_t cuLaunchKernel_real_t, cuLaunchKernel_ptsz_real_t;
-typedef launch_ex_t cuLaunchKernelEx_real_t, cuLaunchKernelEx_ptsz_real_t;
-typedef launch_coop_t cuLaunchCooperativeKernel_real_t, cuLaunchCooperativeKernel_ptsz_real_t;
-typedef graph_launch_t cuGraphLaunch_real_t, cuGraphLaunch_ptsz_real_t;
 
 #define LAUNCH_KERNEL(name)                                                                               \
     CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
@@ -400,15 +391,6 @@ static int untrack(uint64_t key, int64_t *bytes, int *pos) {
 
 #define HANDLE_TAG (1ULL << 63) /* cuMemCreate handles live beside device addresses */
 
-typedef mem_alloc_t cuMemAlloc_v2_real_t;
-typedef mem_alloc_pitch_t cuMemAllocPitch_v2_real_t;
-typedef mem_free_t cuMemFree_v2_real_t;
-typedef mem_alloc_async_t cuMemAllocAsync_real_t, cuMemAllocAsync_ptsz_real_t;
-typedef mem_free_async_t cuMemFreeAsync_real_t, cuMemFreeAsync_ptsz_real_t;
-typedef mem_create_t cuMemCreate_real_t;
-typedef mem_release_t cuMemRelease_real_t;
-typedef mem_get_info_t cuMemGetInfo_v2_real_t;
-typedef total_mem_t cuDeviceTotalMem_v2_real_t;
 
 /* Reserve, allocate, track; give the reservation back when the driver fails. */
 #define RESERVED_ALLOC(pos, bytes, key_expr, call)                         \
@@ -458,7 +440,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
     }
     int64_t actual = (int64_t)(*pitch * height);
     if (actual > guess && cgpu_mem_reserve(pos, actual - guess) == 0) {
-        cuMemFree_v2_real_t *rfree = REAL(cuMemFree_v2);
+        __typeof__(cuMemFree_v2) *rfree = REAL(cuMemFree_v2);
         if (rfree)
             rfree(*dptr);
         cgpu_mem_free(pos, guess);
@@ -540,42 +522,44 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 
 /* ---------------------------------------------------------------------- NVML */
 
-typedef nvml_mem_t nvmlDeviceGetMemoryInfo_real_t;
-typedef nvml_mem2_t nvmlDeviceGetMemoryInfo_v2_real_t;
 
 static int nvml_pos(nvmlDevice_t dev) {
     unsigned idx;
-    nvmlDeviceGetIndex_real_t *get = REAL(nvmlDeviceGetIndex);
+    __typeof__(nvmlDeviceGetIndex) *get = REAL(nvmlDeviceGetIndex);
     if (!cgpu_env_ok || !get || get(dev, &idx) != NVML_SUCCESS || idx >= (unsigned)cgpu_cfg.ngpus)
         return -1;
     return (int)idx;
 }
 
+/* NVML said (total, used, free) for dev: rewrite them as the instance's limit when that is lower.
+ * 1 when it did. */
+static int nvml_limit(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
+                      unsigned long long *free_b) {
+    int64_t u, limit;
+    if (!limited(nvml_pos(dev), *total, &u, &limit))
+        return 0;
+    *total = (unsigned long long)limit;
+    *used = (unsigned long long)u;
+    *free_b = limit > u ? (unsigned long long)(limit - u) : 0;
+    return 1;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
-    nvmlDeviceGetMemoryInfo_real_t *real = REAL(nvmlDeviceGetMemoryInfo);
+    __typeof__(nvmlDeviceGetMemoryInfo) *real = REAL(nvmlDeviceGetMemoryInfo);
     if (!real)
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t r = real(dev, m);
-    int64_t used, limit;
-    if (r == NVML_SUCCESS && m && limited(nvml_pos(dev), m->total, &used, &limit)) {
-        m->total = (unsigned long long)limit;
-        m->used = (unsigned long long)used;
-        m->free = limit > used ? (unsigned long long)(limit - used) : 0;
-    }
+    if (r == NVML_SUCCESS && m)
+        nvml_limit(dev, &m->total, &m->used, &m->free);
     return r;
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
-    nvmlDeviceGetMemoryInfo_v2_real_t *real = REAL(nvmlDeviceGetMemoryInfo_v2);
+    __typeof__(nvmlDeviceGetMemoryInfo_v2) *real = REAL(nvmlDeviceGetMemoryInfo_v2);
     if (!real)
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t r = real(dev, m);
-    int64_t used, limit;
-    if (r == NVML_SUCCESS && m && limited(nvml_pos(dev), m->total, &used, &limit)) {
-        m->total = (unsigned long long)limit;
-        m->used = (unsigned long long)used;
+    if (r == NVML_SUCCESS && m && nvml_limit(dev, &m->total, &m->used, &m->free))
         m->reserved = 0;
-        m->free = limit > used ? (unsigned long long)(limit - used) : 0;
-    }
     return r;
 }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from libcgpu_client.native import HERE, shim_path
 from libcgpu_client.native import build as nb
-from tests.helpers import DaemonProc, tool
+from tests.helpers import DaemonProc
 
 PROGS = Path(__file__).parent / "progs"
 WORKLOADS = Path(__file__).parent.parent / "workloads"
@@ -103,9 +102,3 @@ def at(seconds: float) -> int:
     """CLOCK_MONOTONIC ns ``seconds`` from now (the programs share the host's monotonic clock)."""
     return time.monotonic_ns() + int(seconds * 1e9)
 
-
-def cgpu_run_cmd(*opts: str) -> list[str]:
-    return [tool("cgpu-run"), *opts]
-
-
-PY = sys.executable

@@ -8,6 +8,7 @@ kernel (FAKECUDA_TRACE), which is how kernel time and overlap are measured.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,8 +28,6 @@ DAEMON = ("--sim-gpus", "1x16GiB", "--identity", "declared", "--trust-client-env
 
 
 def status_of(d: DaemonProc, instance: str) -> dict[str, object]:
-    import json
-
     doc = json.loads(d.ctl("status").stdout)
     return next(i for i in doc["gpus"][0]["instances"] if i["id"] == instance)
 
