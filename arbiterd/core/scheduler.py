@@ -134,6 +134,7 @@ class Lease:
     revoked_ns: int | None = None
     discount_ns: int = 0
     nominal_ns: int | None = None  # set while extended: where the lease would have ended
+    native_client: int | None = None  # policy 5: the one client of this lease (its key in ``native``)
 
 
 @dataclass(slots=True)
@@ -270,10 +271,23 @@ class GpuScheduler:
         effects: list[Effect] = []
         if old == NATIVE:
             for lease in self.native.values():
-                effects += self._revoke(lease, now, "policy")
+                effects += self._close_under_old_policy(lease, now)
         elif self.lease is not None and policy != NATIVE:
-            effects += self._revoke(self.lease, now, "policy")
+            effects += self._close_under_old_policy(self.lease, now)
         return effects + self._schedule(now)
+
+    def _close_under_old_policy(self, lease: Lease, now: int) -> list[Effect]:
+        """Revoke a lease granted under the old policy, whose time so far is void like its debts.
+
+        Its holder only finishes what it started: that is overrun, debt for its next turn.
+        Without this, an instance alone on a work-conserving policy (a lease extended for
+        seconds) would be charged all of it at release under the new policy, and the others
+        would get that many extra turns in a row.
+        """
+        lease.prepaid_ns = max(lease.prepaid_ns, now - lease.granted_ns)
+        lease.deadline_ns = min(lease.deadline_ns, now)
+        lease.nominal_ns = None
+        return self._revoke(lease, now, "policy")
 
     def set_max_inst(self, value: int, now: int) -> list[Effect]:
         check_range("max_inst", value, *MAX_INST_RANGE)
@@ -427,7 +441,14 @@ class GpuScheduler:
             raise NotFoundError(f"no instance {name} on GPU {self.index}") from None
 
     def _leases_of(self, client: int) -> list[Lease]:
-        return [lease for lease in self.holders() if client in lease.clients]
+        """The leases ``client`` holds: its own under policy 5 (keyed by it), and the shared one."""
+        leases = []
+        own = self.native.get(client)
+        if own is not None and client in own.clients:
+            leases.append(own)
+        if self.lease is not None and client in self.lease.clients:
+            leases.append(self.lease)
+        return leases
 
     def _cutoff(self, lease: Lease) -> int:
         base = lease.revoked_ns if lease.revoked_ns is not None else lease.deadline_ns
@@ -481,8 +502,8 @@ class GpuScheduler:
             self.stats.late_releases += 1
         if lease is self.lease:
             self.lease = None
-        else:
-            self.native = {c: x for c, x in self.native.items() if x is not lease}
+        elif self.native.get(lease.native_client) is lease:
+            del self.native[lease.native_client]
         lease.clients.clear()
         overrun = max(0, now - lease.deadline_ns)
         if lease.highprio or lease.ring:
@@ -598,7 +619,8 @@ class GpuScheduler:
             if inst.weight == 0 or not inst.waiters:
                 continue
             for client, t in list(inst.waiters.items()):
-                lease = Lease(self._next_lease_id(), inst, {client}, now, now + 1000 * NS_PER_MS)
+                lease = Lease(self._next_lease_id(), inst, {client}, now, now + 1000 * NS_PER_MS,
+                              native_client=client)
                 self.native[client] = lease
                 inst.grants += 1
                 self.stats.grants += 1

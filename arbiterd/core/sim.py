@@ -226,6 +226,11 @@ class Simulation:
         if self.sched.settings.policy != NATIVE:
             assert holders <= 1, f"two holders at {self.now}"
 
+    def apply(self, effects: list[Effect]) -> None:
+        """Deliver the effects of a change made on ``sched`` between two ``run`` calls."""
+        self._apply(effects)
+        self._arm_tick()
+
     def _release(self, c: _Client, again: bool = False) -> list[Effect]:
         if c.lease is None:
             return []

@@ -246,6 +246,29 @@ def test_policy_switch_restarts_fairness() -> None:
     assert gained["B"] / gained["A"] == pytest.approx(2.0, rel=0.01)
 
 
+def test_policy_switch_does_not_charge_an_extended_lease_under_the_new_policy() -> None:
+    """B alone on policy 1 holds one extended lease; A comes back and policy 2 comes at 650 ms.
+
+    A's return revokes B's lease, and the switch lands before B's op (3 ms) ends. The 651 ms
+    B held under policy 1 is void like the rest of the old fairness: from then on turns
+    alternate A (100 ms), B (200 ms). Charged at B's release under policy 2 it gave A three
+    extra turns in a row (seen in bench.resnet50, which switches policy while both run).
+    """
+    on_after_650ms = bursty(3.0, on_ms=100_000, off_ms=650, phase_ms=100_000)
+    sim = Simulation(GpuSettings(policy=1, slice_ms=100),
+                     [SimInstance("A", 1, workload=on_after_650ms), SimInstance("B", 2, workload=busy(3.0))],
+                     trace=True)
+    sched = sim.sched
+    sim.apply(sched.set_policy(1, 0))  # B's weight 2 made it 2 when B joined (SPEC §3)
+    sim.run(650 * NS_PER_MS)  # A is waiting, B's lease is revoked, its op runs until 651 ms
+    assert [what for _, name, what in sim.events] == ["grant"] and sched.held_ns("B", sim.now) == 650 * NS_PER_MS
+    sim.apply(sched.set_policy(2, sim.now))
+    sim.run(651 * NS_PER_MS + 2_100 * NS_PER_MS)  # 7 rounds of 300 ms
+    turns = [name for _, name, what in sim.events if what == "grant"]
+    assert turns[1:9] == ["A", "B"] * 4
+    assert sched.instances["A"].held_ns == pytest.approx(700 * NS_PER_MS, abs=3 * NS_PER_MS)
+
+
 def test_lone_holder_lease_is_extended_until_someone_waits() -> None:
     """Policies 1/4: no renewals while alone; a newcomer gets the GPU after the holder's nominal turn."""
     sched = GpuScheduler(0, GpuSettings(policy=4, slice_ms=5))
