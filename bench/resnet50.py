@@ -1,6 +1,6 @@
 """The headline benchmark: ResNet-50 images/s of two instances with weights 1:2 (SPEC §9).
 
-    python -m bench.resnet50 [--weights 1:2] [--policy 2] [--batch 16,32,64,128] [--seconds 24]
+    python -m bench.resnet50 [--weights 1:2] [--policy 2] [--batch 16,32,64,128] [--seconds 48]
                              [--warmup 5] [--image-size 64] [--train] [--device cpu|cuda]
                              [--admin ADDR --socket PATH] [--slice-ms MS] [--json] [--no-results]
 
@@ -8,18 +8,28 @@ Real daemon, real interposer, real ResNet-50 (bench/resnet.py), two separate
 processes under ``cgpu-run``. For every batch size it measures, after a
 warm-up, over a steady window:
 
-* **exclusive**: one instance alone under the arbiter, before and after the
-  pair (the mean of the two: this machine's speed drifts by 20 % over minutes);
 * **arbitrated**: two instances with the given weights (default policy 2).
-  The window is cut in two halves and the two processes swap weights between
-  them (through the settings tree, while they run): process A has weight 1
-  then 2, process B weight 2 then 1. "weight 1" is the mean rate of whoever
-  had weight 1, and so on. Two processes running the same model on this
-  machine differ in speed by up to ±5 % from run to run (while each stays
-  steady within a run), whether arbitrated or not; the swap cancels that, so
-  the ratio shows what the arbiter does. Both halves' raw ratios are reported
-  too ("halves");
-* **no arbiter**: the same two processes without cgpu (plain OS sharing).
+  The window is cut in 8 segments and the two processes swap weights between
+  them, ABBA ABBA (through the settings tree, while they run): process A has
+  weight 1 in segments 1, 4, 5, 8 and weight 2 in the others. "weight 1" is
+  the mean rate of whoever had weight 1, and so on. Two processes running the
+  same model here differ in speed by up to 15 %, and each one's speed drifts
+  by several % over tens of seconds; spreading both weights over both
+  processes and the whole window cancels that, so the ratio shows what the
+  arbiter does. The ratio per process is reported too ("A / B as weight 1");
+* **exclusive**: in the middle of the same run, each of the two processes
+  alone (the other stops starting batches, and the GPU goes to a
+  work-conserving policy, 1, or 4 if that is the one under test), so that
+  the sum of the pair is compared with the same two processes at the same
+  time;
+* **no arbiter**: the same model in two fresh processes without cgpu (plain
+  OS sharing).
+
+Images/s over a window count the batch in flight at each end fractionally,
+by the share of the time between its completions that the process held the
+GPU (its slices, which the worker takes from the slice gate): a process only
+makes progress while it holds a slice, so short windows are measured exactly
+even when weight 1 at batch 128 finishes one batch every two seconds.
 
 On machines without a GPU the CPU is the simulated GPU (``--device cpu``,
 ``cgpu-run --device cpu``), each process may use every core, and images are
@@ -27,27 +37,32 @@ On machines without a GPU the CPU is the simulated GPU (``--device cpu``,
 several seconds per batch on two cores). ``--device cuda`` runs the same on a
 GPU host.
 
-Slices are 50 ms on the CPU (5 ms, the daemon's default, on CUDA). The
-daemon's held time is 1:2 at any slice length (the "held-time ratio"
-column), but every switch costs the incoming process about 1 ms of slower
-work on the CPU (its caches and threads are cold; measured with a probe that
-swaps weights, as above, at 20 and 60 ms slices). Both processes switch
-equally often, so the weight-1 process pays that cost on half the held time:
-at 20 ms slices the images/s ratio came out 2.06-2.07 with the swap, and
-2.15 at 5 ms without it. At 50 ms the cost is about 1 % of the ratio.
+On the CPU the workers run with ``CGPU_IDLE_MS=20`` (unless set): host work
+between two operators, such as freeing a 33 MB activation at batch 128, takes
+several ms there, and the default 3 ms idle threshold would give the lease
+back in the middle of a turn.
+
+Slices are 100 ms on the CPU (5 ms, the daemon's default, on CUDA): a switch
+costs the incoming process some slower work on the CPU (cold caches and
+threads), and the weight-1 process switches twice as often per second held,
+so short slices push the ratio above 2 (2.06 at 20 ms in an earlier version
+of this benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +73,79 @@ from libcgpu_client.client import wait_for_socket
 
 # Seed 001: two containers on one A10, compute ratio 1:2 (images/s)
 REFERENCE_TF = {16: (151, 307, 2.03), 32: (204, 418, 2.05), 64: (247, 503, 2.04), 128: (257, 516, 2.01)}
-SETTLE_S = 1.0  # after the weights swap, before the second half of the window
+# The arbitrated window is cut in 8 segments; in segment i process A has the first weight when
+# ORDER[i] is 0 and the second when it is 1 (B the other). ABBA ABBA: a speed drift of either
+# process that is linear in time weighs on both weights alike.
+ORDER = (0, 1, 1, 0, 0, 1, 1, 0)
+SEGMENTS = len(ORDER)
+# On the CPU, host work between two operators counts as idle for the slice gate, and freeing a
+# 33 MB activation at batch 128 (munmap) takes several ms of it: with the default 3 ms idle
+# threshold the gate gave its lease back mid-turn about once per 100 ms turn, and got the rest
+# of the turn back a round trip later (held 98.7 % of the time instead of 99.6 %).
+CPU_IDLE_MS = 20
+SWAP_SETTLE_NS = 500_000_000  # after the weights swap (the turn in progress ends first)
+STOP_SETTLE_NS = 2_500_000_000  # after one process stops starting batches: its last one ends in this
 
 REFERENCE_TRT = {1: (568.05, 1132.08, 1.99), 8: (1586.87, 3055.66, 1.93), 32: (1989.28, 3695.88, 1.86),
                  128: (2205.25, 3901.94, 1.77)}
 
 
 
-def rate(completions: list[int], batch: int, t0: int, t1: int) -> float:
-    inside = [c for c in completions if t0 <= c <= t1]
-    if len(inside) < 2:
-        return float("nan")
-    return (len(inside) - 1) * batch / ((inside[-1] - inside[0]) / 1e9)
+Span = tuple[int, int]
 
 
-def _held_now(admin: str) -> dict[str, float]:
-    doc = AdminClient(admin).status()
-    return {i["id"]: float(i["held_seconds"]) for g in doc["gpus"] for i in g["instances"]}
+class Progress:
+    """Images one worker had done at any time ``t`` (ns), from its batch completions.
+
+    Between two completions the batch in flight is counted fractionally, by how much of the
+    time between them the worker held the GPU (its slices, from the slice gate; without an
+    arbiter every instant counts). A worker makes progress only while it holds a slice, so this
+    is exact up to variations within one batch, however short the window and however few
+    batches fall in it (weight 1 at batch 128 finishes about one batch in two seconds).
+    """
+
+    def __init__(self, completions: list[int], leases: list[list[int]], batch: int) -> None:
+        self.completions = completions
+        self.batch = batch
+        self.starts = [g for g, _ in leases]
+        self.ends = [e for _, e in leases]
+        self.before = [0]  # held time before each lease
+        for g, e in leases:
+            self.before.append(self.before[-1] + e - g)
+
+    def held(self, t: int) -> int:
+        """Held time (ns) up to ``t``; ``t`` itself without leases (no arbiter)."""
+        if not self.starts:
+            return t
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i < 0:
+            return 0
+        return self.before[i] + min(t, self.ends[i]) - self.starts[i]
+
+    def images(self, t: int) -> float:
+        c = self.completions
+        k = bisect.bisect_right(c, t)
+        if k == 0 or k == len(c):
+            return float("nan")
+        span = self.held(c[k]) - self.held(c[k - 1])
+        frac = (self.held(t) - self.held(c[k - 1])) / span if span > 0 else 0.0
+        return self.batch * (k + frac)
+
+    def whole_turns(self, span: Span) -> Span:
+        """``span`` trimmed to run from one of this worker's grants to a later one.
+
+        Turns come round every w1 + w2 slices, so a window that is not a whole number of
+        rounds gives one instance a partial turn more or less than its share; and the phase
+        of the window is the same in every run. Between two grants of the same instance lie
+        whole rounds only."""
+        t0, t1 = span
+        inside = self.starts[bisect.bisect_left(self.starts, t0):bisect.bisect_right(self.starts, t1)]
+        return (inside[0], inside[-1]) if len(inside) >= 2 else span
+
+    def rate(self, span: Span) -> float:
+        """Images/s over ``span``."""
+        t0, t1 = span
+        return (self.images(t1) - self.images(t0)) / ((t1 - t0) / 1e9)
 
 
 class Runner:
@@ -84,22 +155,13 @@ class Runner:
         self.admin = admin
         self.tmp = tmp
 
-    def _sample_held(self, held: list[dict[str, float]], times: list[int]) -> None:
-        """The daemon's held time of every instance at each of ``times``."""
-        for at in times:
-            time.sleep(max(0.0, (at - time.monotonic_ns()) / 1e9))
-            held.append(_held_now(self.admin))
-
-    def run(self, batch: int, instances: list[tuple[str, int]], arbiter: bool,
-            swap: bool = False) -> dict[str, dict[str, Any]]:
-        """Run one worker per instance together; return completions and rates per instance.
-
-        With ``swap`` (two instances) the window is cut in two halves: after the first the two
-        swap weights (through the settings tree, while they run), and each instance's rate and
-        held time are reported per half (``halves``)."""
+    def _start(self, batch: int, instances: list[tuple[str, int]], arbiter: bool) -> dict[str, tuple[Any, Path]]:
+        """Start one warmed-up worker per instance (under cgpu-run with ``arbiter``)."""
         a = self.args
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        if a.device == "cpu":
+            env.setdefault("CGPU_IDLE_MS", str(CPU_IDLE_MS))
         procs = {}
         for name, weight in instances:
             out = self.tmp / f"{name}.json"
@@ -116,54 +178,89 @@ class Runner:
             line = proc.stdout.readline().strip()
             if line != "ready":
                 raise RuntimeError(f"worker {name} failed to start: {line!r}")
-        start = time.monotonic_ns() + 200_000_000
-        t0 = start + int(a.warmup * 1e9)
-        if swap:  # [t0, t1) first half, settle, [t2, end) second half
-            half = int(a.seconds / 2 * 1e9)
-            t1 = t0 + half
-            t2 = t1 + int(SETTLE_S * 1e9)
-            cuts = [(t0, t1), (t2, t2 + half)]
-        else:
-            cuts = [(t0, t0 + int(a.seconds * 1e9))]
-        end = cuts[-1][1]
-        for proc, _ in procs.values():
-            assert proc.stdin is not None
-            proc.stdin.write(f"{start} {end}\n")
+        return procs
+
+    def _go(self, procs: dict[str, tuple[Any, Path]], plan: dict[str, list[Span]],
+            events: list[tuple[int, Callable[[], None]]]) -> dict[str, dict[str, Any]]:
+        """Give each worker its run intervals, carry out ``events`` at their times, return completions."""
+        for name, (proc, _) in procs.items():
+            proc.stdin.write(" ".join(str(t) for span in plan[name] for t in span) + "\n")
             proc.stdin.flush()
-        held: list[dict[str, float]] = []
-        times = [t for cut in cuts for t in cut]
-        sampler = threading.Thread(target=self._sample_held, args=(held, times)) if arbiter else None
-        if sampler is not None:
-            sampler.start()
-        if swap:
-            time.sleep(max(0.0, (cuts[0][1] - time.monotonic_ns()) / 1e9) + 0.05)
-            (n1, wa), (n2, wb) = instances
-            for name, weight in ((n1, wb), (n2, wa)):
-                subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", str(weight), f"0/{name}/weight"],
-                               check=True, capture_output=True)
-        out: dict[str, dict[str, Any]] = {}
+        for at, action in sorted(events, key=lambda e: e[0]):
+            time.sleep(max(0.0, (at - time.monotonic_ns()) / 1e9))
+            action()
+        out = {}
+        last = max(t for spans in plan.values() for _, t in spans)
         for name, (proc, path) in procs.items():
-            proc.wait(timeout=a.warmup + a.seconds + 600)
+            proc.wait(timeout=max(0.0, (last - time.monotonic_ns()) / 1e9) + 600)
             if proc.returncode != 0:
                 raise RuntimeError(f"worker {name} exited with {proc.returncode}")
-            completions = json.loads(path.read_text())["completions"]
-            out[name] = {"completions": completions, "window": (t0, end),
-                         "images_per_s": rate(completions, batch, *cuts[0]),
-                         "halves": [{"images_per_s": rate(completions, batch, c0, c1)} for c0, c1 in cuts]}
-        if sampler is not None:
-            sampler.join()
-            for name in out:
-                for k, h in enumerate(out[name]["halves"]):
-                    h["held_seconds"] = held[2 * k + 1].get(name, 0.0) - held[2 * k].get(name, 0.0)
-                out[name]["held_seconds"] = out[name]["halves"][0]["held_seconds"]
-        if arbiter:
-            for name, _ in instances:  # leave no record behind: a registered instance takes turns (policy 2)
-                subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", f"remove {name}", "inst_ctl"],
-                               capture_output=True)
+            out[name] = json.loads(path.read_text())
         return out
 
+    def pair(self, batch: int, inst_a: tuple[str, int], inst_b: tuple[str, int]) -> dict[str, Any]:
+        """Two arbitrated instances A and B on one timeline, ``a.seconds`` of it measured:
 
-def plot(doc: dict[str, Any], path: Path, start_ns: dict[str, int]) -> None:
+        warm-up | 4 segments | A alone | B alone | 4 segments
+
+        The two swap weights between segments as ORDER says (through the settings tree, while
+        they run), so each weight is measured on both processes, spread over the whole window. For "A alone"
+        and "B alone" the GPU is put on a work-conserving policy (1, or 4 if that is the policy
+        under test) and the other process stops starting batches: exclusive is measured on the
+        same two processes, in the middle of the pair."""
+        a = self.args
+        (na, wa), (nb, wb) = inst_a, inst_b
+        admin = AdminClient(self.admin)
+        excl_policy = a.policy if a.policy in (1, 4) else 1
+        procs = self._start(batch, [inst_a, inst_b], arbiter=True)
+        seg, ex = int(a.seconds / SEGMENTS * 1e9), int(a.seconds / 6 * 1e9)
+        start = time.monotonic_ns() + 200_000_000
+        t = start + int(a.warmup * 1e9)
+        segs: list[Span] = []
+        excl: dict[str, Span] = {}
+        events: list[tuple[int, Callable[[], None]]] = []
+        weights = {na: wa, nb: wb}
+
+        def swap() -> None:
+            weights[na], weights[nb] = weights[nb], weights[na]
+            admin.put(f"0/{na}/weight", str(weights[na]))
+            admin.put(f"0/{nb}/weight", str(weights[nb]))
+
+        def set_policy(policy: int) -> Callable[[], None]:
+            return lambda: admin.put("0/policy", str(policy))
+
+        for i in range(SEGMENTS):
+            if i == SEGMENTS // 2:  # B stops: A alone; A stops: B alone; both again
+                events.append((t, set_policy(excl_policy)))
+                excl["A"] = (t + STOP_SETTLE_NS, t + STOP_SETTLE_NS + ex)
+                excl["B"] = (excl["A"][1] + STOP_SETTLE_NS, excl["A"][1] + STOP_SETTLE_NS + ex)
+                t = excl["B"][1]
+                events.append((t, set_policy(a.policy)))
+                t += STOP_SETTLE_NS  # A starts again
+            if i > 0 and ORDER[i] != ORDER[i - 1]:
+                events.append((t + 1, swap))
+                t += SWAP_SETTLE_NS
+            segs.append((t, t + seg))
+            t += seg
+        plan = {na: [(start, excl["A"][1]), (excl["B"][1], t)],
+                nb: [(start, segs[SEGMENTS // 2 - 1][1]), (excl["A"][1], t)]}
+        done = self._go(procs, plan, events)
+        for name in (na, nb):  # leave no record behind: a registered instance takes turns (policy 2)
+            admin.put("inst_ctl", f"remove {name}")
+        return {"segments": segs, "exclusive": excl, "start": start, "end": t,
+                "progress": {n: Progress(d["completions"], d["leases"], batch) for n, d in done.items()}}
+
+    def plain(self, batch: int, names: tuple[str, str]) -> dict[str, float]:
+        """The same two workers with no arbiter (plain OS sharing), over ``a.seconds / 2``."""
+        a = self.args
+        procs = self._start(batch, [(names[0], 0), (names[1], 0)], arbiter=False)
+        start = time.monotonic_ns() + 200_000_000
+        span = (start + int(a.warmup * 1e9), start + int((a.warmup + a.seconds / 2) * 1e9))
+        done = self._go(procs, {n: [(start, span[1])] for n in names}, [])
+        return {n: Progress(d["completions"], [], batch).rate(span) for n, d in done.items()}
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,23 +271,23 @@ def plot(doc: dict[str, Any], path: Path, start_ns: dict[str, int]) -> None:
     for ax, row in zip(axes[:, 0], rows, strict=True):
         for label, series in row["series"].items():
             ax.plot(series["t"], series["images_per_s"], label=label, drawstyle="steps-post")
+        for k, (s0, s1) in enumerate(row["exclusive_spans"]):
+            ax.axvspan(s0, s1, color="0.9", zorder=0, label="exclusive (one alone)" if k == 0 else None)
         ax.set_title(f"batch {row['batch']}: ratio {row['ratio']:.2f}, "
                      f"sum {100 * row['aggregate_vs_exclusive']:.0f} % of exclusive")
         ax.set_ylabel("images/s")
         ax.legend(fontsize="small", loc="lower right")
-    axes[-1, 0].set_xlabel("seconds into the measuring window (2 s bins)")
+    axes[-1, 0].set_xlabel("seconds into the measuring window (1 s bins)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
 
-def series(completions: list[int], batch: int, window: tuple[int, int], bin_s: float = 2.0) -> dict[str, list[float]]:
-    t0, t1 = window
-    n = max(1, int((t1 - t0) / 1e9 // bin_s))
-    counts = [0] * n
-    for c in completions:
-        if t0 <= c < t1:
-            counts[min(n - 1, int((c - t0) / 1e9 // bin_s))] += 1
-    return {"t": [i * bin_s for i in range(n)], "images_per_s": [k * batch / bin_s for k in counts]}
+def series(prog: Progress, span: Span, bin_s: float = 1.0) -> dict[str, list[float]]:
+    """Images/s of one worker in bins of ``bin_s`` over ``span``."""
+    t0, t1 = span
+    step = int(bin_s * 1e9)
+    edges = list(range(t0, t1 - step + 1, step))
+    return {"t": [(e - t0) / 1e9 for e in edges], "images_per_s": [prog.rate((e, e + step)) for e in edges]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="1:2", help="weights of the two instances (default 1:2)")
     p.add_argument("--policy", type=int, default=2, help="GPU policy for the arbitrated run (default 2)")
     p.add_argument("--batch", default="16,32,64,128", help="batch sizes (default 16,32,64,128)")
-    p.add_argument("--seconds", type=float, default=24.0,
-                   help="measuring window per run (default 24; the arbitrated run's is cut in two halves)")
+    p.add_argument("--seconds", type=float, default=48.0,
+                   help="arbitrated window per batch size (default 48, in 8 segments); each exclusive "
+                        "segment is a sixth of it, the no-arbiter window half")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds run before the window (default 5)")
     p.add_argument("--image-size", type=int, default=64, help="square image side (default 64)")
     p.add_argument("--train", action="store_true", help="training steps instead of inference")
@@ -208,14 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads of each instance (default: every core)")
     p.add_argument("--slice-ms", type=int, default=None,
-                   help="slice length of the daemon this starts (default 50 on cpu, 5 on cuda; see above)")
+                   help="slice length of the daemon this starts (default 100 on cpu, 5 on cuda; see above)")
     p.add_argument("--admin", help="use a running daemon's admin API instead of starting one")
     p.add_argument("--socket", help="with --admin: that daemon's arbiter.sock")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md and the plot")
     args = p.parse_args(argv)
     if args.slice_ms is None:
-        args.slice_ms = 50 if args.device == "cpu" else 5
+        args.slice_ms = 100 if args.device == "cpu" else 5
     w1, w2 = (int(w) for w in args.weights.split(":"))
     batches = [int(b) for b in args.batch.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-rn50-"))
@@ -240,46 +338,50 @@ def main(argv: list[str] | None = None) -> int:
         runner = Runner(args, sock, admin, tmp)
         rows = []
         for batch in batches:
-            # exclusive is measured before and after the pair and averaged: this machine's speed drifts
-            solo = runner.run(batch, [(f"rn50-b{batch}-solo", 1)], arbiter=True)[f"rn50-b{batch}-solo"]
-            subprocess.run([*ctl, "echo", str(args.policy), "0/policy"], check=True)  # in case weight>1 switched it
-            names = (f"rn50-b{batch}-A", f"rn50-b{batch}-B")
-            pair = runner.run(batch, [(names[0], w1), (names[1], w2)], arbiter=True, swap=True)
-            solo2 = runner.run(batch, [(f"rn50-b{batch}-solo", 1)], arbiter=True)[f"rn50-b{batch}-solo"]
-            subprocess.run([*ctl, "echo", str(args.policy), "0/policy"], check=True)
-            plain = runner.run(batch, [(names[0] + "-plain", 0), (names[1] + "-plain", 0)], arbiter=False)
-            ex = (solo["images_per_s"] + solo2["images_per_s"]) / 2
-            ha, hb = pair[names[0]]["halves"], pair[names[1]]["halves"]
-            # weight w1 is A's in the first half and B's in the second; weight w2 the other way round
-            a = (ha[0]["images_per_s"] + hb[1]["images_per_s"]) / 2
-            b = (hb[0]["images_per_s"] + ha[1]["images_per_s"]) / 2
-            h1 = ha[0]["held_seconds"] + hb[1]["held_seconds"]
-            h2 = hb[0]["held_seconds"] + ha[1]["held_seconds"]
-            halves = [hb[0]["images_per_s"] / ha[0]["images_per_s"], ha[1]["images_per_s"] / hb[1]["images_per_s"]]
-            pa, pb = plain[names[0] + "-plain"]["images_per_s"], plain[names[1] + "-plain"]["images_per_s"]
+            na, nb = f"rn50-b{batch}-A", f"rn50-b{batch}-B"
+            pair = runner.pair(batch, (na, w1), (nb, w2))
+            plain = runner.plain(batch, (na + "-plain", nb + "-plain"))
+            pa_, pb_ = pair["progress"][na], pair["progress"][nb]
+            # in segment i, A has weight w1 if ORDER[i] == 0 (B has w2), and the other way round
+            by_weight: list[list[tuple[float, int]]] = [[], []]  # (images/s, held ns) per segment
+            segments = [pa_.whole_turns(span) for span in pair["segments"]]
+            for i, span in enumerate(segments):
+                for prog, k in ((pa_, ORDER[i]), (pb_, 1 - ORDER[i])):
+                    by_weight[k].append((prog.rate(span), prog.held(span[1]) - prog.held(span[0])))
+            a = statistics.fmean(r for r, _ in by_weight[0])
+            b = statistics.fmean(r for r, _ in by_weight[1])
+            held_ratio = sum(h for _, h in by_weight[1]) / sum(h for _, h in by_weight[0])
+            # the ratio by process: A as weight w1 (B w2), and B as weight w1 (A w2)
+            segs = list(zip(segments, ORDER, strict=True))
+            per_process = [statistics.fmean(pb_.rate(s) for s, o in segs if o == 0)
+                           / statistics.fmean(pa_.rate(s) for s, o in segs if o == 0),
+                           statistics.fmean(pa_.rate(s) for s, o in segs if o == 1)
+                           / statistics.fmean(pb_.rate(s) for s, o in segs if o == 1)]
+            ex_a, ex_b = pa_.rate(pair["exclusive"]["A"]), pb_.rate(pair["exclusive"]["B"])
+            ex = (ex_a + ex_b) / 2
+            pa, pb = plain[na + "-plain"], plain[nb + "-plain"]
+            t0 = pair["segments"][0][0]
+            span = (t0, pair["end"])
             row = {
-                "batch": batch, "exclusive": ex, "inst1": a, "inst2": b, "ratio": b / a,
-                "half_ratios": halves, "held_ratio": h2 / h1 if h1 else float("nan"),
+                "batch": batch, "exclusive": ex, "exclusive_ab": [ex_a, ex_b],
+                "inst1": a, "inst2": b, "ratio": b / a, "per_process": per_process, "held_ratio": held_ratio,
                 "aggregate_vs_exclusive": (a + b) / ex, "no_arbiter1": pa, "no_arbiter2": pb,
                 "no_arbiter_ratio": pb / pa,
-                "series": {
-                    f"A (weight {w1}, then {w2})": series(pair[names[0]]["completions"], batch,
-                                                           pair[names[0]]["window"]),
-                    f"B (weight {w2}, then {w1})": series(pair[names[1]]["completions"], batch,
-                                                           pair[names[1]]["window"]),
-                    "exclusive": series(solo["completions"], batch, solo["window"]),
-                },
+                "exclusive_spans": [[(t - t0) / 1e9 for t in pair["exclusive"][k]] for k in ("A", "B")],
+                "series": {"process A": series(pa_, span), "process B": series(pb_, span)},
             }
             rows.append(row)
-            print(f"batch {batch}: exclusive {ex:.1f}, weight {w1} {a:.1f}, weight {w2} {b:.1f} img/s, "
-                  f"ratio {b / a:.3f} (halves {halves[0]:.3f} / {halves[1]:.3f}; "
-                  f"held {h2 / h1 if h1 else float('nan'):.3f}), "
+            print(f"batch {batch}: exclusive {ex:.1f} (A {ex_a:.1f}, B {ex_b:.1f}), "
+                  f"weight {w1} {a:.1f}, weight {w2} {b:.1f} img/s, "
+                  f"ratio {b / a:.3f} (A as weight {w1}: {per_process[0]:.3f}, B as weight {w1}: "
+                  f"{per_process[1]:.3f}; held {held_ratio:.3f}), "
                   f"sum {100 * (a + b) / ex:.1f} % of exclusive; no arbiter "
                   f"{pa:.1f} / {pb:.1f} (ratio {pb / pa:.2f})", file=sys.stderr, flush=True)
     finally:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
     doc = {"weights": [w1, w2], "policy": args.policy, "slice_ms": args.slice_ms, "image_size": args.image_size,
            "train": args.train, "threads": args.threads,
            "device": args.device, "seconds": args.seconds, "warmup": args.warmup, "results": rows}
@@ -292,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if not args.no_results:
         png = ROOT / "bench" / "resnet50.png"
-        plot(doc, png, {})
+        plot(doc, png)
         command = "python -m bench.resnet50 " + " ".join(shlex.quote(x) for x in (argv if argv is not None
                                                                                    else sys.argv[1:]))
         results.update("resnet50", command.strip(), table + f"\n{summary}\n\n![images/s over time](resnet50.png)\n")
@@ -307,10 +409,10 @@ def render(doc: dict[str, Any]) -> str:
         f"ResNet-50 {mode}, {doc['image_size']}x{doc['image_size']} images, device {doc['device']} "
         f"({doc['threads']} threads per instance), policy {doc['policy']}, slice {doc['slice_ms']} ms, "
         f"weights {w1}:{w2}, {doc['seconds']:.0f} s window after {doc['warmup']:.0f} s warm-up "
-        f"(two halves; the processes swap weights between them)",
+        f"(8 segments; the processes swap weights between them, ABBA ABBA)",
         "",
         "| batch | reference TF (A10) w1 / w2 / ratio | cgpu exclusive | cgpu weight "
-        f"{w1} | cgpu weight {w2} | **cgpu ratio** | halves | held-time ratio | sum / exclusive | "
+        f"{w1} | cgpu weight {w2} | **cgpu ratio** | A / B as weight {w1} | held-time ratio | sum / exclusive | "
         "no arbiter 1 / 2 / ratio |",
         "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
@@ -319,7 +421,7 @@ def render(doc: dict[str, Any]) -> str:
         ref_s = f"{ref[0]} / {ref[1]} / {ref[2]:.2f}" if ref else "-"
         lines.append(
             f"| {r['batch']} | {ref_s} | {r['exclusive']:.1f} | {r['inst1']:.1f} | {r['inst2']:.1f} | "
-            f"**{r['ratio']:.3f}** | {r['half_ratios'][0]:.3f} / {r['half_ratios'][1]:.3f} | "
+            f"**{r['ratio']:.3f}** | {r['per_process'][0]:.3f} / {r['per_process'][1]:.3f} | "
             f"{r['held_ratio']:.3f} | {100 * r['aggregate_vs_exclusive']:.1f} % | "
             f"{r['no_arbiter1']:.1f} / {r['no_arbiter2']:.1f} / {r['no_arbiter_ratio']:.2f} |")
     lines.append("")

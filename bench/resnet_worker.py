@@ -2,9 +2,13 @@
 
     python -m bench.resnet_worker --batch B --image-size S --out FILE [--train]
 
-Warms up, prints "ready", reads "START_NS END_NS" (CLOCK_MONOTONIC, host-wide)
-from stdin, waits for the start, runs batches until the end, and writes
-{"completions": [ns, ...]} to FILE.
+Warms up, prints "ready", reads one line of CLOCK_MONOTONIC (host-wide)
+times from stdin, "S1 E1 [S2 E2 ...]": the intervals in which to run. It
+starts a batch only inside one of them and sleeps between them (so its lease
+idles out), and writes {"completions": [ns, ...], "leases": [[granted, ended], ...]}
+to FILE after the last. "leases" are the slices it held (from the slice gate,
+when it runs under cgpu-run); the benchmark interpolates progress between
+completions on that held-time clock.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 import torch
 
 from bench.resnet import ResNet50
+from libcgpu_client import runtime
 
 
 def main() -> None:
@@ -57,17 +62,25 @@ def main() -> None:
     for _ in range(2):
         step()
     sync()
+    rt = runtime.current()
+    gate = rt.gate(0) if rt is not None and rt.gates else None
+    leases: list[tuple[int, int]] = []
+    if gate is not None:
+        gate.on_lease_end.append(lambda granted, ended: leases.append((granted, ended)))
     print("ready", flush=True)
-    start_ns, end_ns = (int(v) for v in sys.stdin.readline().split())
-    while time.monotonic_ns() < start_ns:
-        time.sleep(min(0.05, max(0.0, (start_ns - time.monotonic_ns()) / 1e9)))
+    times = [int(v) for v in sys.stdin.readline().split()]
     completions = []
-    while time.monotonic_ns() < end_ns:
-        step()
-        sync()
-        completions.append(time.monotonic_ns())
+    for start_ns, end_ns in zip(times[::2], times[1::2], strict=True):
+        while time.monotonic_ns() < start_ns:
+            time.sleep(min(0.05, max(0.0, (start_ns - time.monotonic_ns()) / 1e9)))
+        while time.monotonic_ns() < end_ns:
+            step()
+            sync()
+            completions.append(time.monotonic_ns())
+    if gate is not None:
+        gate.release()
     with open(args.out, "w") as f:
-        json.dump({"completions": completions, "batch": args.batch}, f)
+        json.dump({"completions": completions, "batch": args.batch, "leases": leases}, f)
 
 
 if __name__ == "__main__":

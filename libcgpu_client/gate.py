@@ -87,6 +87,8 @@ class Gate:
         self._closed = False
         self.acquires = 0
         self.held_ns = 0
+        # called with (granted_ns, ended_ns), CLOCK_MONOTONIC, as each lease ends (tracing, benchmarks)
+        self.on_lease_end: list[Callable[[int, int], None]] = []
         self._has_lease = threading.Event()
         client.listeners[gpu] = LeaseListener(self._on_grant, self._on_revoke, self._on_reset)
         client.on_connected.append(self._on_connected)
@@ -164,8 +166,10 @@ class Gate:
         self._deadline = 0
         if lease is None:
             return
-        used = _now() - self._granted_at
+        end = _now()
+        used = end - self._granted_at
         self.held_ns += used
+        self._ended(end)
         self._waiting = again
         if again:
             self.acquires += 1
@@ -173,6 +177,10 @@ class Gate:
                                  "again": again})
         if not sent:
             self._waiting = False
+
+    def _ended(self, end: int) -> None:
+        for callback in self.on_lease_end:
+            callback(self._granted_at, end)
 
     # ------------------------------------------------------------- callbacks
     def _on_grant(self, lease: int, deadline: int) -> None:
@@ -202,7 +210,9 @@ class Gate:
     def _on_reset(self) -> None:
         with self._lock:
             if self._lease is not None:
-                self.held_ns += _now() - self._granted_at
+                end = _now()
+                self.held_ns += end - self._granted_at
+                self._ended(end)
             self._lease = None
             self._deadline = 0
             self._waiting = False

@@ -120,6 +120,25 @@ def test_cuda_adapter_waits_for_queued_kernels_before_the_lease_is_given_back() 
     gate._closed = True
 
 
+def test_gate_reports_each_lease_it_held_as_it_ends() -> None:
+    """on_lease_end gets (granted, ended) for every lease: given back expired, and released."""
+    client = FakeClient()
+    gate = Gate(client, 0, idle_ms=1000)  # type: ignore[arg-type]
+    ended: list[tuple[int, int]] = []
+    gate.on_lease_end.append(lambda granted, end: ended.append((granted, end)))
+    t0 = time.monotonic_ns()
+    gate.check()
+    gate._deadline = 0  # the lease expires: the next check gives it back and asks again
+    gate.check()
+    gate.release()
+    t1 = time.monotonic_ns()
+    assert len(ended) == 2
+    (g1, e1), (g2, e2) = ended
+    assert t0 <= g1 <= e1 <= g2 <= e2 <= t1
+    assert gate.held_ns == (e1 - g1) + (e2 - g2)
+    gate._closed = True
+
+
 def test_cuda_memory_governor_caps_the_allocator_at_what_the_daemon_granted() -> None:
     torch = pytest.importorskip("torch")
     from libcgpu_client.runtime import OutOfMemory
