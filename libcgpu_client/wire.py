@@ -9,7 +9,8 @@ a map, or a map that breaks its op's field table is a :class:`ProtocolError`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -74,32 +75,60 @@ class ProtocolError(Exception):
         self.message = message
 
 
-def _check(tname: str, value: Any) -> bool:
+Checker = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+
+
+def _compile(tname: str) -> Checker:
+    """A function checking one field type name (see the comment above MESSAGES)."""
     if tname.endswith("|nil"):
-        return value is None or _check(tname[:-4], value)
+        inner = _compile(tname[:-4])
+        return lambda v: v is None or inner(v)
     if tname == "int":
-        return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+        return _is_int
     if tname == "str":
-        return isinstance(value, str)
+        return lambda v: isinstance(v, str)
     if tname == "bool":
-        return isinstance(value, bool)
+        return lambda v: isinstance(v, bool)
     if tname == "map":
-        return isinstance(value, dict)
+        return lambda v: isinstance(v, dict)
     if tname.startswith("list[") and tname.endswith("]"):
-        inner = tname[5:-1]
-        return isinstance(value, list) and all(
-            any(_check(t, v) for t in inner.split("|")) for v in value
-        )
+        alternatives = [_compile(t) for t in tname[5:-1].split("|")]
+        return lambda v: isinstance(v, list) and all(any(c(x) for c in alternatives) for x in v)
     raise ValueError(f"unknown field type {tname}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """One op's field table, compiled: a checker per field and the required fields."""
+
+    spec: Fields
+    checks: dict[str, Checker]
+    required: tuple[str, ...]
+
+
+def _table(spec: Fields) -> _Table:
+    return _Table(spec, {k: _compile(t) for k, (t, _) in spec.items()},
+                  tuple(k for k, (_, req) in spec.items() if req))
+
+
+_TABLES = {op: _table(m["fields"]) for op, m in MESSAGES.items()}
+_STATS_TABLES = {"s2c": _table(STATS_REPLY), "c2s": _table(STATS_REQUEST)}
+
+
 def fields_of(op: str, msg: dict[str, Any], direction: str | None = None) -> Fields:
+    return _table_of(op, msg, direction).spec
+
+
+def _table_of(op: str, msg: dict[str, Any], direction: str | None) -> _Table:
     if op == "stats":
         if direction == "s2c" or (direction is None and "re" in msg):
-            return STATS_REPLY
-        return STATS_REQUEST
-    spec: Fields = MESSAGES[op]["fields"]
-    return spec
+            return _STATS_TABLES["s2c"]
+        return _STATS_TABLES["c2s"]
+    return _TABLES[op]
 
 
 def validate(msg: Any, direction: str | None = None) -> dict[str, Any]:
@@ -109,20 +138,23 @@ def validate(msg: Any, direction: str | None = None) -> dict[str, Any]:
     op = msg.get("op")
     if not isinstance(op, str):
         raise ProtocolError("bad_frame", "message has no string 'op'")
-    if op not in MESSAGES:
+    meta = MESSAGES.get(op)
+    if meta is None:
         raise ProtocolError("unknown_op", f"unknown op {op[:40]!r}")
-    if direction is not None and op != "stats" and MESSAGES[op]["dir"] != direction:
+    if direction is not None and meta["dir"] != direction and op != "stats":
         raise ProtocolError("unknown_op", f"op {op!r} is not sent in this direction")
-    spec = fields_of(op, msg, direction)
+    table = _table_of(op, msg, direction)
+    checks = table.checks
     for key, value in msg.items():
-        if key == "op":
-            continue
-        if key not in spec:
+        check = checks.get(key)
+        if check is None:
+            if key == "op":
+                continue
             raise ProtocolError("bad_request", f"{op}: unexpected field {str(key)[:40]!r}")
-        if not _check(spec[key][0], value):
-            raise ProtocolError("bad_request", f"{op}: field {key!r} must be {spec[key][0]}")
-    for key, (_, required) in spec.items():
-        if required and key not in msg:
+        if not check(value):
+            raise ProtocolError("bad_request", f"{op}: field {key!r} must be {table.spec[key][0]}")
+    for key in table.required:
+        if key not in msg:
             raise ProtocolError("bad_request", f"{op}: missing field {key!r}")
     return msg
 
@@ -178,19 +210,16 @@ class Decoder:
             yield from self._drain()
 
     def _drain(self) -> Iterator[dict[str, Any]]:
-        while True:
-            try:
-                msg = self._unpacker.unpack()
-            except msgpack.OutOfData:
-                if self.pending_bytes > self.max_message:
-                    raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
-                return
-            except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-                    TypeError, UnicodeDecodeError) as exc:
-                if "exceeds" in str(exc):
-                    raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
-                raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
-            yield msg
+        # iterating the Unpacker ends quietly where the data does (no OutOfData raised per feed)
+        try:
+            yield from self._unpacker
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                TypeError, UnicodeDecodeError) as exc:
+            if "exceeds" in str(exc):
+                raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
+            raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
+        if self.pending_bytes > self.max_message:
+            raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes")
 
     @property
     def pending_bytes(self) -> int:

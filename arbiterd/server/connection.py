@@ -12,6 +12,7 @@ import logging
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from arbiterd import __version__
@@ -124,10 +125,10 @@ class ClientConnection(asyncio.Protocol):
             return
         rid = msg.get("id")
         try:
-            handler = getattr(self, f"op_{op}", None)
+            handler = _HANDLERS.get(op)
             if handler is None:
                 raise wire.ProtocolError("bad_request", f"{op} is not a request")
-            handler(msg)
+            handler(self, msg)
         except IdentityError as exc:
             self.send({"op": "error", "re": rid, "code": "identity", "message": str(exc)})
         except NotFoundError as exc:
@@ -201,3 +202,8 @@ class ClientConnection(asyncio.Protocol):
 
     def op_bye(self, msg: dict[str, Any]) -> None:
         self.close()
+
+
+_HANDLERS: dict[str, Callable[[ClientConnection, dict[str, Any]], None]] = {
+    name[3:]: fn for name, fn in vars(ClientConnection).items() if name.startswith("op_")
+}

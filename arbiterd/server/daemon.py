@@ -149,7 +149,9 @@ class Daemon:
     def _arm_timer(self) -> None:
         self._arm_pending = False
         at = self.arbiter.next_wakeup()
-        if at == self._timer_at and self._timer is not None:
+        if self._timer is not None and self._timer_at is not None and (at is None or at >= self._timer_at):
+            # the armed timer comes first: keep it (a tick with nothing due only arms the next);
+            # re-arming on every message costs more than the odd early tick
             return
         if self._timer is not None:
             self._timer.cancel()
