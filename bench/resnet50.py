@@ -17,11 +17,11 @@ warm-up, over a steady window:
   by several % over tens of seconds; spreading both weights over both
   processes and the whole window cancels that, so the ratio shows what the
   arbiter does. The ratio per process is reported too ("A / B as weight 1");
-* **exclusive**: in the middle of the same run, each of the two processes
-  alone (the other stops starting batches, and the GPU goes to a
-  work-conserving policy, 1, or 4 if that is the one under test), so that
-  the sum of the pair is compared with the same two processes at the same
-  time;
+* **exclusive**: in the same run, at a quarter and at three quarters of it,
+  each of the two processes alone (the other stops starting batches, and the
+  GPU goes to a work-conserving policy, 1, or 4 if that is the one under
+  test), so that the sum of the pair is compared with the same two processes
+  at the same time;
 * **no arbiter**: the same model in two fresh processes without cgpu (plain
   OS sharing).
 
@@ -78,13 +78,17 @@ REFERENCE_TF = {16: (151, 307, 2.03), 32: (204, 418, 2.05), 64: (247, 503, 2.04)
 # process that is linear in time weighs on both weights alike.
 ORDER = (0, 1, 1, 0, 0, 1, 1, 0)
 SEGMENTS = len(ORDER)
+# Before these segments each process runs alone (the first named first): exclusive is measured
+# four times across the run, so that the VM's speed drift weighs on it as on the pair.
+EXCLUSIVE_BEFORE = {1: ("A", "B"), 3: ("B", "A"), 5: ("A", "B"), 7: ("B", "A")}
 # On the CPU, host work between two operators counts as idle for the slice gate, and freeing a
 # 33 MB activation at batch 128 (munmap) takes several ms of it: with the default 3 ms idle
 # threshold the gate gave its lease back mid-turn about once per 100 ms turn, and got the rest
 # of the turn back a round trip later (held 98.7 % of the time instead of 99.6 %).
 CPU_IDLE_MS = 20
 SWAP_SETTLE_NS = 500_000_000  # after the weights swap (the turn in progress ends first)
-STOP_SETTLE_NS = 2_500_000_000  # after one process stops starting batches: its last one ends in this
+STOP_SETTLE_NS = 1_500_000_000  # after one process stops starting batches (the window waits for its last)
+RESTART_SETTLE_NS = 1_000_000_000  # after both run again
 
 REFERENCE_TRT = {1: (568.05, 1132.08, 1.99), 8: (1586.87, 3055.66, 1.93), 32: (1989.28, 3695.88, 1.86),
                  128: (2205.25, 3901.94, 1.77)}
@@ -199,25 +203,28 @@ class Runner:
         return out
 
     def pair(self, batch: int, inst_a: tuple[str, int], inst_b: tuple[str, int]) -> dict[str, Any]:
-        """Two arbitrated instances A and B on one timeline, ``a.seconds`` of it measured:
+        """Two arbitrated instances A and B on one timeline, ``a.seconds`` of it measured in segments:
 
-        warm-up | 4 segments | A alone | B alone | 4 segments
+        warm-up | 1 | A alone | B alone | 2 3 | B alone | A alone | 4 5 | A, B alone | 6 7 | B, A alone | 8
 
         The two swap weights between segments as ORDER says (through the settings tree, while
-        they run), so each weight is measured on both processes, spread over the whole window. For "A alone"
-        and "B alone" the GPU is put on a work-conserving policy (1, or 4 if that is the policy
-        under test) and the other process stops starting batches: exclusive is measured on the
-        same two processes, in the middle of the pair."""
+        they run), so each weight is measured on both processes, spread over the whole window.
+        For "A alone" and "B alone" the GPU is put on a work-conserving policy (1, or 4 if that
+        is the policy under test) and the other process stops starting batches (the window
+        opens when its last batch is done): exclusive is measured on the same two processes,
+        four times across the run."""
         a = self.args
         (na, wa), (nb, wb) = inst_a, inst_b
+        names = {"A": na, "B": nb}
         admin = AdminClient(self.admin)
         excl_policy = a.policy if a.policy in (1, 4) else 1
         procs = self._start(batch, [inst_a, inst_b], arbiter=True)
-        seg, ex = int(a.seconds / SEGMENTS * 1e9), int(a.seconds / 6 * 1e9)
+        seg, ex = int(a.seconds / SEGMENTS * 1e9), int(a.seconds / 12 * 1e9)
         start = time.monotonic_ns() + 200_000_000
         t = start + int(a.warmup * 1e9)
         segs: list[Span] = []
-        excl: dict[str, Span] = {}
+        excl: dict[str, list[Span]] = {"A": [], "B": []}
+        toggles: dict[str, list[int]] = {na: [start], nb: [start]}  # run from, stop at, run from, ...
         events: list[tuple[int, Callable[[], None]]] = []
         weights = {na: wa, nb: wb}
 
@@ -230,21 +237,32 @@ class Runner:
             return lambda: admin.put("0/policy", str(policy))
 
         for i in range(SEGMENTS):
-            if i == SEGMENTS // 2:  # B stops: A alone; A stops: B alone; both again
+            if i in EXCLUSIVE_BEFORE:  # q stops: p alone; p stops, q starts: q alone; both again
+                p, q = EXCLUSIVE_BEFORE[i]
                 events.append((t, set_policy(excl_policy)))
-                excl["A"] = (t + STOP_SETTLE_NS, t + STOP_SETTLE_NS + ex)
-                excl["B"] = (excl["A"][1] + STOP_SETTLE_NS, excl["A"][1] + STOP_SETTLE_NS + ex)
-                t = excl["B"][1]
+                toggles[names[q]].append(t)
+                excl[p].append((t + STOP_SETTLE_NS, t + STOP_SETTLE_NS + ex))
+                t = excl[p][-1][1]
+                toggles[names[p]].append(t)
+                toggles[names[q]].append(t)
+                excl[q].append((t + STOP_SETTLE_NS, t + STOP_SETTLE_NS + ex))
+                t = excl[q][-1][1]
                 events.append((t, set_policy(a.policy)))
-                t += STOP_SETTLE_NS  # A starts again
-            if i > 0 and ORDER[i] != ORDER[i - 1]:
+                if ORDER[i] != ORDER[i - 1]:
+                    events.append((t + 1, swap))
+                toggles[names[p]].append(t)
+                t += RESTART_SETTLE_NS
+            elif i > 0 and ORDER[i] != ORDER[i - 1]:
                 events.append((t + 1, swap))
                 t += SWAP_SETTLE_NS
             segs.append((t, t + seg))
             t += seg
-        plan = {na: [(start, excl["A"][1]), (excl["B"][1], t)],
-                nb: [(start, segs[SEGMENTS // 2 - 1][1]), (excl["A"][1], t)]}
+        plan = {n: list(zip(ts[::2], [*ts[1::2], t], strict=True)) for n, ts in toggles.items()}
         done = self._go(procs, plan, events)
+        for p, q in (("A", "B"), ("B", "A")):  # open each window once the other's last batch is done
+            others = done[names[q]]["completions"]
+            excl[p] = [(max(t0, max((c for c in others if c < t1), default=t0) + 100_000_000), t1)
+                       for t0, t1 in excl[p]]
         for name in (na, nb):  # leave no record behind: a registered instance takes turns (policy 2)
             admin.put("inst_ctl", f"remove {name}")
         return {"segments": segs, "exclusive": excl, "start": start, "end": t,
@@ -298,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", default="16,32,64,128", help="batch sizes (default 16,32,64,128)")
     p.add_argument("--seconds", type=float, default=48.0,
                    help="arbitrated window per batch size (default 48, in 8 segments); each exclusive "
-                        "segment is a sixth of it, the no-arbiter window half")
+                        "segment is an eighth of it (two per process), the no-arbiter window half")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds run before the window (default 5)")
     p.add_argument("--image-size", type=int, default=64, help="square image side (default 64)")
     p.add_argument("--train", action="store_true", help="training steps instead of inference")
@@ -357,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                            / statistics.fmean(pa_.rate(s) for s, o in segs if o == 0),
                            statistics.fmean(pa_.rate(s) for s, o in segs if o == 1)
                            / statistics.fmean(pb_.rate(s) for s, o in segs if o == 1)]
-            ex_a, ex_b = pa_.rate(pair["exclusive"]["A"]), pb_.rate(pair["exclusive"]["B"])
+            ex_a = statistics.fmean(pa_.rate(span) for span in pair["exclusive"]["A"])
+            ex_b = statistics.fmean(pb_.rate(span) for span in pair["exclusive"]["B"])
             ex = (ex_a + ex_b) / 2
             pa, pb = plain[na + "-plain"], plain[nb + "-plain"]
             t0 = pair["segments"][0][0]
@@ -367,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                 "inst1": a, "inst2": b, "ratio": b / a, "per_process": per_process, "held_ratio": held_ratio,
                 "aggregate_vs_exclusive": (a + b) / ex, "no_arbiter1": pa, "no_arbiter2": pb,
                 "no_arbiter_ratio": pb / pa,
-                "exclusive_spans": [[(t - t0) / 1e9 for t in pair["exclusive"][k]] for k in ("A", "B")],
+                "exclusive_spans": [[(t - t0) / 1e9 for t in sp] for k in ("A", "B") for sp in pair["exclusive"][k]],
                 "series": {"process A": series(pa_, span), "process B": series(pb_, span)},
             }
             rows.append(row)
@@ -409,7 +428,7 @@ def render(doc: dict[str, Any]) -> str:
         f"ResNet-50 {mode}, {doc['image_size']}x{doc['image_size']} images, device {doc['device']} "
         f"({doc['threads']} threads per instance), policy {doc['policy']}, slice {doc['slice_ms']} ms, "
         f"weights {w1}:{w2}, {doc['seconds']:.0f} s window after {doc['warmup']:.0f} s warm-up "
-        f"(8 segments; the processes swap weights between them, ABBA ABBA)",
+        f"(8 segments; the processes swap weights between them, ABBA ABBA; each alone at 1/4 and 3/4)",
         "",
         "| batch | reference TF (A10) w1 / w2 / ratio | cgpu exclusive | cgpu weight "
         f"{w1} | cgpu weight {w2} | **cgpu ratio** | A / B as weight {w1} | held-time ratio | sum / exclusive | "
