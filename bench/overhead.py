@@ -21,10 +21,17 @@
   lease held, minus the same without the shim), and the grant round trip from C
   (``bench/native/grant_rtt.c``: C threads speaking the protocol with the
   shim's own codec, 1, 16 and 64 clients). Needs gcc; skipped without it.
+* **Floor**: a bare round trip of one small message between two C processes
+  over a UNIX stream socket, paced every 5 ms like the clients
+  (``bench/native/pingpong.c``): what this machine's wake-ups cost with no
+  daemon at all.
 
 The output ends with one line
 ``grant_p50_us=<n> grant_p99_us=<n> fastpath_ns=<n> interposer_overhead_pct=<n>``
-(grant figures at 64 clients, overhead on ResNet-50).
+(grant figures at 64 clients from C, one thread per client as 64 containers
+would be, or from Python without gcc; overhead on ResNet-50). The Python
+figures at 16 and 64 clients are bounded by the two load processes' own event
+loops (each serves 32 clients, 6,400 round trips a second), not the daemon.
 """
 
 from __future__ import annotations
@@ -213,7 +220,6 @@ def native_overhead(sock: str, seconds: float) -> dict[str, Any] | None:
     shim = shim_path() or nb.build_shim(out)
     job = nb.build_program([ROOT / "tests/native/progs/cuda_job.c"], out / "cuda_job", link_cuda=fakes,
                            defines=("DIRECT",))
-    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], out / "grant_rtt")
     base = {**os.environ, "LD_LIBRARY_PATH": str(fakes)}
     shimmed = {**base, "LD_PRELOAD": str(shim), "CGPU_SOCKET": sock, "CGPU_INSTANCE": "shim-fastpath",
                "CGPU_IDLE_MS": "10000"}
@@ -227,15 +233,31 @@ def native_overhead(sock: str, seconds: float) -> dict[str, Any] | None:
         return best
 
     plain, gated = per_launch(base), per_launch(shimmed)
-    grants = {}
-    for n in (1, 16, 64):
-        res = subprocess.run([str(rtt), sock, str(n), str(seconds)], capture_output=True, text=True,
-                             timeout=seconds + 60, check=True)
-        kv = dict(f.split("=") for f in res.stdout.split()[1:])
-        grants[str(n)] = {"p50_us": float(kv["p50_us"]), "p99_us": float(kv["p99_us"]), "samples": int(kv["samples"])}
     shutil.rmtree(out, ignore_errors=True)
     return {"launch_ns_plain": plain, "launch_ns_shim": gated, "fastpath_ns": round(gated - plain, 1),
-            "grant_round_trip_c": grants}
+            **native_grants(sock, seconds)}
+
+
+def native_grants(sock: str, seconds: float) -> dict[str, Any]:
+    """The grant round trip from C clients, and the floor: a bare socket round trip between two
+    C processes, paced like the clients (every 5 ms), with no daemon in between."""
+    import shutil
+
+    from libcgpu_client.native import build as nb
+
+    out = Path(tempfile.mkdtemp(prefix="cgpu-rtt-"))
+    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], out / "grant_rtt")
+    pingpong = nb.build_program([ROOT / "bench/native/pingpong.c"], out / "pingpong")
+
+    def run(cmd: list[str]) -> dict[str, Any]:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=True)
+        kv = dict(f.split("=") for f in res.stdout.split()[1:])
+        return {"p50_us": float(kv["p50_us"]), "p99_us": float(kv["p99_us"]), "samples": int(kv["samples"])}
+
+    grants = {str(n): run([str(rtt), sock, str(n), str(seconds)]) for n in (1, 16, 64)}
+    floor = run([str(pingpong), str(seconds)])
+    shutil.rmtree(out, ignore_errors=True)
+    return {"grant_round_trip_c": grants, "socket_round_trip_floor": floor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     p.add_argument("--torch-hook", choices=["module", "dispatch"], default="dispatch",
                    help="with --only interposer: which hook (CGPU_TORCH_HOOK; default dispatch)")
-    p.add_argument("--only", choices=["interposer"], help="run only this part (no RESULTS.md)")
+    p.add_argument("--only", choices=["interposer", "grant"], help="run only this part (no RESULTS.md)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
     sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
@@ -260,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([tool("cgpuctl"), "--admin", admin, "echo", "5", "0/policy"], check=True)
         if args.only == "interposer":
             print(json.dumps(interposer_overhead(sock, args.rounds, args.torch_hook), indent=2))
+            return 0
+        if args.only == "grant":
+            print(json.dumps({"python": grant_round_trip(sock, args.seconds),
+                              "c": native_grants(sock, args.seconds)}, indent=2))
             return 0
         grants = grant_round_trip(sock, args.seconds)
         fast = fast_path(sock)
@@ -287,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"({native['launch_ns_shim']} with the shim, {native['launch_ns_plain']} without)")
             for n, g in native["grant_round_trip_c"].items():
                 print(f"grant round trip from C, {n:>2} clients: p50 {g['p50_us']} us, p99 {g['p99_us']} us")
-    g64 = grants["64"]
+            f = native["socket_round_trip_floor"]
+            print(f"floor, a bare socket round trip between two C processes: p50 {f['p50_us']} us, "
+                  f"p99 {f['p99_us']} us")
+    # one thread per client, as 64 containers would be; the Python figure is bounded by the two load
+    # processes' own event loops (32 clients each), and stays in the tables
+    g64 = native["grant_round_trip_c"]["64"] if native is not None else grants["64"]
     line = (f"grant_p50_us={g64['p50_us']} grant_p99_us={g64['p99_us']} fastpath_ns={fast:.0f} "
             f"interposer_overhead_pct={interp['resnet50_b16_64px']['overhead_pct']}")
     if not args.no_results:
@@ -307,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                      "| clients (C, shim codec) | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
             body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |"
                      for n, g in native["grant_round_trip_c"].items()]
+            f = native["socket_round_trip_floor"]
+            body += ["", f"Floor: a bare round trip of one small message between two C processes over a UNIX "
+                     f"socket, paced like the clients, no daemon: p50 {f['p50_us']} us, p99 {f['p99_us']} us "
+                     f"({f['samples']} samples)."]
         cmd = "python -m bench.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
         results.update("overhead", cmd.strip(), "\n".join(body) + f"\n\n{line}\n")
     print(line)
