@@ -17,11 +17,11 @@ warm-up, over a steady window:
   by several % over tens of seconds; spreading both weights over both
   processes and the whole window cancels that, so the ratio shows what the
   arbiter does. The ratio per process is reported too ("A / B as weight 1");
-* **exclusive**: in the same run, at a quarter and at three quarters of it,
-  each of the two processes alone (the other stops starting batches, and the
-  GPU goes to a work-conserving policy, 1, or 4 if that is the one under
+* **exclusive**: in the same run, four times (before segments 2, 4, 6 and
+  8), each of the two processes alone (the other stops starting batches, and
+  the GPU goes to a work-conserving policy, 1, or 4 if that is the one under
   test), so that the sum of the pair is compared with the same two processes
-  at the same time;
+  at the same times;
 * **no arbiter**: the same model in two fresh processes without cgpu (plain
   OS sharing).
 
@@ -205,7 +205,7 @@ class Runner:
     def pair(self, batch: int, inst_a: tuple[str, int], inst_b: tuple[str, int]) -> dict[str, Any]:
         """Two arbitrated instances A and B on one timeline, ``a.seconds`` of it measured in segments:
 
-        warm-up | 1 | A alone | B alone | 2 3 | B alone | A alone | 4 5 | A, B alone | 6 7 | B, A alone | 8
+        warm-up | 1 | A, B alone | 2 3 | B, A alone | 4 5 | A, B alone | 6 7 | B, A alone | 8
 
         The two swap weights between segments as ORDER says (through the settings tree, while
         they run), so each weight is measured on both processes, spread over the whole window.
@@ -428,7 +428,7 @@ def render(doc: dict[str, Any]) -> str:
         f"ResNet-50 {mode}, {doc['image_size']}x{doc['image_size']} images, device {doc['device']} "
         f"({doc['threads']} threads per instance), policy {doc['policy']}, slice {doc['slice_ms']} ms, "
         f"weights {w1}:{w2}, {doc['seconds']:.0f} s window after {doc['warmup']:.0f} s warm-up "
-        f"(8 segments; the processes swap weights between them, ABBA ABBA; each alone at 1/4 and 3/4)",
+        f"(8 segments; the processes swap weights between them, ABBA ABBA; each alone four times)",
         "",
         "| batch | reference TF (A10) w1 / w2 / ratio | cgpu exclusive | cgpu weight "
         f"{w1} | cgpu weight {w2} | **cgpu ratio** | A / B as weight {w1} | held-time ratio | sum / exclusive | "
