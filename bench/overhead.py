@@ -24,7 +24,8 @@
 * **Floor**: a bare round trip of one small message between two C processes
   over a UNIX stream socket, paced every 5 ms like the clients
   (``bench/native/pingpong.c``): what this machine's wake-ups cost with no
-  daemon at all.
+  daemon at all; and the same to an echo server on the daemon's event loop
+  (uvloop) that does nothing else, the floor a Python daemon starts from.
 
 The output ends with one line
 ``grant_p50_us=<n> grant_p99_us=<n> fastpath_ns=<n> interposer_overhead_pct=<n>``
@@ -46,7 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench import results
 from bench.common import ROOT, tool
@@ -256,8 +257,38 @@ def native_grants(sock: str, seconds: float) -> dict[str, Any]:
 
     grants = {str(n): run([str(rtt), sock, str(n), str(seconds)]) for n in (1, 16, 64)}
     floor = run([str(pingpong), str(seconds)])
+    echo_sock = str(out / "echo.sock")
+    echo = subprocess.Popen([sys.executable, "-c",
+                             f"from bench.overhead import _echo_server; _echo_server({echo_sock!r})"], cwd=ROOT)
+    try:
+        if not wait_for_socket(echo_sock, 15):
+            raise RuntimeError("the echo server did not start")
+        floor_loop = run([str(pingpong), str(seconds), echo_sock])
+    finally:
+        echo.terminate()
+        echo.wait(10)
     shutil.rmtree(out, ignore_errors=True)
-    return {"grant_round_trip_c": grants, "socket_round_trip_floor": floor}
+    return {"grant_round_trip_c": grants, "socket_round_trip_floor": floor, "event_loop_floor": floor_loop}
+
+
+def _echo_server(path: str) -> None:
+    """An echo server on the daemon's event loop (uvloop), doing nothing else: the floor a Python
+    daemon starts from."""
+    import uvloop
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(data)
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_unix_server(Echo, path)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(serve())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"({native['launch_ns_shim']} with the shim, {native['launch_ns_plain']} without)")
             for n, g in native["grant_round_trip_c"].items():
                 print(f"grant round trip from C, {n:>2} clients: p50 {g['p50_us']} us, p99 {g['p99_us']} us")
-            f = native["socket_round_trip_floor"]
+            f, e = native["socket_round_trip_floor"], native["event_loop_floor"]
             print(f"floor, a bare socket round trip between two C processes: p50 {f['p50_us']} us, "
-                  f"p99 {f['p99_us']} us")
+                  f"p99 {f['p99_us']} us; to an echo server on Python's event loop: p50 {e['p50_us']} us, "
+                  f"p99 {e['p99_us']} us")
     # one thread per client, as 64 containers would be; the Python figure is bounded by the two load
     # processes' own event loops (32 clients each), and stays in the tables
     g64 = native["grant_round_trip_c"]["64"] if native is not None else grants["64"]
@@ -339,9 +371,11 @@ def main(argv: list[str] | None = None) -> int:
             body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |"
                      for n, g in native["grant_round_trip_c"].items()]
             f = native["socket_round_trip_floor"]
+            e = native["event_loop_floor"]
             body += ["", f"Floor: a bare round trip of one small message between two C processes over a UNIX "
                      f"socket, paced like the clients, no daemon: p50 {f['p50_us']} us, p99 {f['p99_us']} us "
-                     f"({f['samples']} samples)."]
+                     f"({f['samples']} samples). The same from C to an echo server on the daemon's event loop "
+                     f"(uvloop, Python, nothing else): p50 {e['p50_us']} us, p99 {e['p99_us']} us."]
         cmd = "python -m bench.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
         results.update("overhead", cmd.strip(), "\n".join(body) + f"\n\n{line}\n")
     print(line)

@@ -1,15 +1,19 @@
 /* The floor under the grant round trip: one small message to another process over a
  * UNIX stream socket and one back, with nothing in between (no daemon, no decoding).
  *
- *   pingpong SECONDS
+ *   pingpong SECONDS [SOCKET]
  *
+ * Without SOCKET the other end is a forked C process that echoes; with SOCKET it is
+ * whatever echo server listens there (bench.overhead starts one on Python's event loop).
  * Paced like grant_rtt's clients (a round trip every 5 ms), so both ends sleep between
  * messages as they do there. Prints "pingpong samples=S p50_us=X p99_us=Y". */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,18 +30,29 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: pingpong SECONDS\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: pingpong SECONDS [SOCKET]\n");
         return 2;
     }
     double seconds = atof(argv[1]);
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+    pid_t echo = -1;
+    if (argc == 3) {
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        if (strlen(argv[2]) >= sizeof addr.sun_path) {
+            fprintf(stderr, "pingpong: socket path too long\n");
+            return 2;
+        }
+        strcpy(addr.sun_path, argv[2]);
+        sv[0] = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (sv[0] < 0 || connect(sv[0], (struct sockaddr *)&addr, sizeof addr) != 0) {
+            perror("pingpong: connect");
+            return 1;
+        }
+    } else if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
         perror("socketpair");
         return 1;
-    }
-    pid_t echo = fork();
-    if (echo == 0) {
+    } else if ((echo = fork()) == 0) {
         char buf[64];
         close(sv[0]);
         for (;;) {
@@ -46,7 +61,12 @@ int main(int argc, char **argv) {
                 _exit(0);
         }
     }
-    close(sv[1]);
+    if (argc == 2 && echo < 0) {
+        perror("pingpong: fork");
+        return 1;
+    }
+    if (echo > 0)
+        close(sv[1]);
     size_t cap = (size_t)(seconds * 1000 / 5) + 16, n = 0;
     double *samples = malloc(cap * sizeof *samples);
     char msg[32] = {0}, back[64];
@@ -59,7 +79,8 @@ int main(int argc, char **argv) {
         samples[n++] = (double)(now_ns() - t0) / 1e3;
     }
     close(sv[0]);
-    waitpid(echo, NULL, 0);
+    if (echo > 0)
+        waitpid(echo, NULL, 0);
     if (n == 0)
         return 1;
     qsort(samples, n, sizeof *samples, cmp);
