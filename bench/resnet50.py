@@ -135,6 +135,10 @@ class Progress:
         frac = (self.held(t) - self.held(c[k - 1])) / span if span > 0 else 0.0
         return self.batch * (k + frac)
 
+    def held_in(self, span: Span) -> int:
+        """Held time (ns) within ``span``."""
+        return self.held(span[1]) - self.held(span[0])
+
     def whole_turns(self, span: Span) -> Span:
         """``span`` trimmed to run from one of this worker's grants to a later one.
 
@@ -269,7 +273,7 @@ class Runner:
                 "progress": {n: Progress(d["completions"], d["leases"], batch) for n, d in done.items()}}
 
     def plain(self, batch: int, names: tuple[str, str]) -> dict[str, float]:
-        """The same two workers with no arbiter (plain OS sharing), over ``a.seconds / 2``."""
+        """Two fresh workers with no arbiter (plain OS sharing), over ``a.seconds / 2``."""
         a = self.args
         procs = self._start(batch, [(names[0], 0), (names[1], 0)], arbiter=False)
         start = time.monotonic_ns() + 200_000_000
@@ -360,21 +364,22 @@ def main(argv: list[str] | None = None) -> int:
             pair = runner.pair(batch, (na, w1), (nb, w2))
             plain = runner.plain(batch, (na + "-plain", nb + "-plain"))
             pa_, pb_ = pair["progress"][na], pair["progress"][nb]
-            # in segment i, A has weight w1 if ORDER[i] == 0 (B has w2), and the other way round
-            by_weight: list[list[tuple[float, int]]] = [[], []]  # (images/s, held ns) per segment
+            # per segment, (images/s, held ns) of A and of B
             segments = [pa_.whole_turns(span) for span in pair["segments"]]
-            for i, span in enumerate(segments):
-                for prog, k in ((pa_, ORDER[i]), (pb_, 1 - ORDER[i])):
-                    by_weight[k].append((prog.rate(span), prog.held(span[1]) - prog.held(span[0])))
-            a = statistics.fmean(r for r, _ in by_weight[0])
-            b = statistics.fmean(r for r, _ in by_weight[1])
-            held_ratio = sum(h for _, h in by_weight[1]) / sum(h for _, h in by_weight[0])
+            seg_a = [(pa_.rate(s), pa_.held_in(s)) for s in segments]
+            seg_b = [(pb_.rate(s), pb_.held_in(s)) for s in segments]
+            # in segment i A has weight w1 if ORDER[i] == 0 (B has w2), and the other way round
+            first = [ma if o == 0 else mb for ma, mb, o in zip(seg_a, seg_b, ORDER, strict=True)]  # weight w1's
+            second = [mb if o == 0 else ma for ma, mb, o in zip(seg_a, seg_b, ORDER, strict=True)]  # w2's
+            a = statistics.fmean(r for r, _ in first)
+            b = statistics.fmean(r for r, _ in second)
+            held_ratio = sum(h for _, h in second) / sum(h for _, h in first)
+
+            def mean_rate(of: list[tuple[float, int]], order: int) -> float:
+                return statistics.fmean(r for (r, _), o in zip(of, ORDER, strict=True) if o == order)
+
             # the ratio by process: A as weight w1 (B w2), and B as weight w1 (A w2)
-            segs = list(zip(segments, ORDER, strict=True))
-            per_process = [statistics.fmean(pb_.rate(s) for s, o in segs if o == 0)
-                           / statistics.fmean(pa_.rate(s) for s, o in segs if o == 0),
-                           statistics.fmean(pa_.rate(s) for s, o in segs if o == 1)
-                           / statistics.fmean(pb_.rate(s) for s, o in segs if o == 1)]
+            per_process = [mean_rate(seg_b, 0) / mean_rate(seg_a, 0), mean_rate(seg_a, 1) / mean_rate(seg_b, 1)]
             ex_a = statistics.fmean(pa_.rate(span) for span in pair["exclusive"]["A"])
             ex_b = statistics.fmean(pb_.rate(span) for span in pair["exclusive"]["B"])
             ex = (ex_a + ex_b) / 2
