@@ -425,6 +425,25 @@ static void consume(int k) {
     R.len -= (size_t)k;
 }
 
+/* Send what ``w`` holds and read the reply into *m. Returns its length (consume it after
+ * use), -1 if the connection failed, or -2 if the daemon answered with anything but
+ * ``want``: it refused ``what``, which is logged with the daemon's message. */
+static int request(int fd, const mp_writer *w, const char *want, const char *what, mp_node **m) {
+    if (w->err || send_all(fd, w->buf, w->len) < 0)
+        return -1;
+    int k = read_msg(fd, m, 5000);
+    if (k < 0)
+        return -1;
+    if (!mp_str_is(mp_get(*m, "op"), want)) {
+        const mp_node *msg = mp_get(*m, "message");
+        cgpu_log("arbiterd refused %s: %.*s", what, msg && msg->type == MP_STR ? (int)msg->n : 0,
+                 msg && msg->type == MP_STR ? msg->v.s : "");
+        consume(k);
+        return -2;
+    }
+    return k;
+}
+
 static int handshake(int fd) {
     uint8_t b[2048];
     mp_writer w;
@@ -434,19 +453,10 @@ static int handshake(int fd) {
     mp_w_str(&w, "versions"), mp_w_array(&w, 1), mp_w_int(&w, 1);
     mp_w_str(&w, "client"), mp_w_str(&w, "libcgpu.so/0.1");
     mp_w_str(&w, "pid"), mp_w_int(&w, getpid());
-    if (w.err || send_all(fd, w.buf, w.len) < 0)
-        return -1;
     mp_node *m;
-    int k = read_msg(fd, &m, 5000);
+    int k = request(fd, &w, "welcome", "the connection", &m);
     if (k < 0)
-        return -1;
-    if (!mp_str_is(mp_get(m, "op"), "welcome")) {
-        const mp_node *msg = mp_get(m, "message");
-        cgpu_log("arbiterd refused the connection: %.*s", msg && msg->type == MP_STR ? (int)msg->n : 0,
-                 msg && msg->type == MP_STR ? msg->v.s : "");
-        consume(k);
-        return -2;
-    }
+        return k;
     consume(k);
 
     const cgpu_env *e = &cgpu_cfg;
@@ -474,18 +484,9 @@ static int handshake(int fd) {
     }
     if (e->highprio)
         mp_w_str(&w, "highprio"), mp_w_int(&w, 1);
-    if (w.err || send_all(fd, w.buf, w.len) < 0)
-        return -1;
-    k = read_msg(fd, &m, 5000);
+    k = request(fd, &w, "registered", "registration", &m);
     if (k < 0)
-        return -1;
-    if (!mp_str_is(mp_get(m, "op"), "registered")) {
-        const mp_node *msg = mp_get(m, "message");
-        cgpu_log("arbiterd refused registration: %.*s", msg && msg->type == MP_STR ? (int)msg->n : 0,
-                 msg && msg->type == MP_STR ? msg->v.s : "");
-        consume(k);
-        return -2;
-    }
+        return k;
     const mp_node *gpus = mp_get(m, "gpus");
     if (!gpus || gpus->type != MP_ARRAY || (int)gpus->n != e->ngpus) {
         consume(k);
