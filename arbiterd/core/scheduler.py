@@ -502,7 +502,7 @@ class GpuScheduler:
             self.stats.late_releases += 1
         if lease is self.lease:
             self.lease = None
-        elif self.native.get(lease.native_client) is lease:
+        elif lease.native_client is not None and self.native.get(lease.native_client) is lease:
             del self.native[lease.native_client]
         lease.clients.clear()
         overrun = max(0, now - lease.deadline_ns)
