@@ -100,28 +100,34 @@ class CgpuMode(TorchDispatchMode):
         self.cuda = cuda
         self.governor = governor
         self.gates = rt.gates
-        self._live: dict[int, tuple[int, weakref.ref[torch.Tensor]]] = {}
+        self._live: dict[int, _Held] = {}  # data pointer -> the reservation of that storage
+        self._on_free = self._freed  # one bound method for every reservation
         self.op_ns = 0
         self.module_gate: ModuleGate | None = None
 
     def _pos(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-        dev: Any = None
         for a in args:
             if isinstance(a, torch.Tensor):
-                dev = a.device
                 break
             if isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor):
-                dev = a[0].device
+                a = a[0]
                 break
         else:
             dev = kwargs.get("device")
             if dev is None:
                 return 0 if self.cpu_sim else None
             dev = torch.device(dev)
-        if dev.type == "cpu":
+            if dev.type == "cpu":
+                return 0 if self.cpu_sim else None
+            if dev.type == "cuda" and self.cuda:
+                idx = dev.index if dev.index is not None else torch.cuda.current_device()
+                return idx if idx < len(self.gates) else None
+            return None
+        # the tensor's own flags: cheaper than building its torch.device on every operator
+        if a.is_cpu:
             return 0 if self.cpu_sim else None
-        if dev.type == "cuda" and self.cuda:
-            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if a.is_cuda and self.cuda:
+            idx = a.get_device()
             return idx if idx < len(self.gates) else None
         return None
 
@@ -178,14 +184,28 @@ class CgpuMode(TorchDispatchMode):
                 self.rt.reserve(0, nbytes)
             except OutOfMemory as exc:
                 raise torch.OutOfMemoryError(str(exc)) from None
-            self._live[ptr] = (nbytes, weakref.ref(t, functools.partial(self._freed, ptr)))
+            held = _Held(t, self._on_free)
+            held.ptr, held.nbytes = ptr, nbytes
+            self._live[ptr] = held
 
-    def _freed(self, ptr: int, _ref: object) -> None:
-        entry = self._live.pop(ptr, None)
-        if entry is not None:
+    def _freed(self, held: _Held) -> None:
+        if self._live.get(held.ptr) is held:
+            del self._live[held.ptr]
             # while the process exits the connection may be gone: the daemon frees on disconnect
             with contextlib.suppress(ConnectionError, OSError):
-                self.rt.unreserve(0, entry[0])
+                self.rt.unreserve(0, held.nbytes)
+
+
+class _Held(weakref.ref):  # type: ignore[type-arg]
+    """A reservation: a weak reference to the tensor whose storage it covers.
+
+    One object per tracked tensor (no callback closure, no tuple): the interposer
+    runs on every operator, and fewer allocations also mean fewer GC passes.
+    """
+
+    __slots__ = ("nbytes", "ptr")
+    ptr: int
+    nbytes: int
 
 
 def mem_get_info(pos: int = 0) -> tuple[int, int]:
