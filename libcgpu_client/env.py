@@ -40,9 +40,13 @@ _FALSE = ("0", "false", "no", "off")
 class EnvError(ValueError):
     """A malformed environment variable (one line: variable, value, expectation)."""
 
+    def __init__(self, message: str, name: str = "", value: str = "", expected: str = "") -> None:
+        super().__init__(message)
+        self.name, self.value, self.expected = name, value, expected
+
 
 def _bad(name: str, value: str, expected: str) -> EnvError:
-    return EnvError(f"{name}={value!r}: expected {expected}")
+    return EnvError(f"{name}={value!r}: expected {expected}", name, value, expected)
 
 
 def parse_bool(name: str, value: str) -> bool:

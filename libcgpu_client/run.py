@@ -64,6 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the variable each flag sets, so that a bad flag value is reported under the flag's name
+FLAG_OF = {"ALIYUN_COM_GPU_VISIBLE_DEVICES": ("gpus", "--gpus"), "ALIYUN_COM_GPU_SCHD_WEIGHT": ("weight", "--weight"),
+           "ALIYUN_COM_GPU_MEM_CONTAINER": ("mem", "--mem"), "CGPU_MEM_LIMIT": ("mem", "--mem"),
+           "CGPU_INSTANCE": ("instance", "--instance"), "CGPU_IDLE_MS": ("idle_ms", "--idle-ms"),
+           "CGPU_SOCKET": ("socket", "--socket")}
+
+
+def flag_error(args: argparse.Namespace, exc: EnvError) -> str:
+    """``exc`` in the words of the flag that set the variable, if a flag did."""
+    if exc.name.startswith("--"):
+        return f"{exc.name} {exc.value}: expected {exc.expected}"
+    dest, flag = FLAG_OF.get(exc.name, ("", ""))
+    if dest and getattr(args, dest, None) is not None:
+        return f"{flag} {getattr(args, dest)}: expected {exc.expected} (sets {exc.name})"
+    return str(exc)
+
+
 def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     if args.gpus is not None:
@@ -131,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         env = build_env(args, dict(os.environ))
         parse_env(env)
     except EnvError as exc:
-        print(f"cgpu-run: {exc}", file=sys.stderr)
+        print(f"cgpu-run: {flag_error(args, exc)}", file=sys.stderr)
         return 2
     native = args.native if args.native is not None else not is_python(cmd[0])
     if native:

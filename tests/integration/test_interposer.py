@@ -117,3 +117,16 @@ def test_malformed_env_is_a_one_line_error() -> None:
                        env={**os.environ, "ALIYUN_COM_GPU_SCHD_WEIGHT": "heavy"}, capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == "cgpu-run: ALIYUN_COM_GPU_SCHD_WEIGHT='heavy': expected an integer 1..25"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--weight", "0"], "--weight 0: expected an integer 1..25 (sets ALIYUN_COM_GPU_SCHD_WEIGHT)"),
+    (["--gpus", "0,,1"], "--gpus 0,,1: expected GPU indices like 0,1 or UUIDs like GPU-xxxxxxxx-... "
+                         "(sets ALIYUN_COM_GPU_VISIBLE_DEVICES)"),
+    (["--mem", "1.5XB"], "--mem 1.5XB: expected sizes like 600MiB or 1GiB,2GiB"),
+])
+def test_a_bad_flag_is_reported_under_its_own_name(flags: list[str], message: str) -> None:
+    r = subprocess.run([tool("cgpu-run"), *flags, "--", sys.executable, "-c", "pass"],
+                       env={k: v for k, v in os.environ.items() if not k.startswith(("CGPU_", "ALIYUN_"))},
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr.strip()) == (2, f"cgpu-run: {message}")
