@@ -24,8 +24,8 @@ for the simulated CPU device.
 The cheaper hook: modules (opt-in)
 ----------------------------------
 A ``TorchDispatchMode`` sends every operator through Python, which costs a
-few microseconds each (-1 % to 7 % of ResNet-50 at 64x64 across benchmark runs
-on two noisy cores).
+few microseconds each (-1 % to 7 % of ResNet-50 at 64x64 across benchmark
+processes on two noisy cores, about what an empty dispatch mode costs there).
 ``CGPU_TORCH_HOOK=module`` makes :class:`ModuleGate` gate the CPU as simulated
 GPU at ``nn.Module`` calls instead, through PyTorch's global module hooks: the
 gate is checked before every module call (leaves included), the idle thread
@@ -34,10 +34,12 @@ reserved against the memory ledger, and while a module runs the dispatch mode
 is taken off, so operators inside modules skip Python (-1.3 % to 3 % on
 ResNet-50 across runs: no clear gain was measured on this machine).
 Operators outside any module still go through the dispatch mode.
-It is not the default: with 1 ms matmuls inside a module, 5 ms slices and
-weights 1:2, operator time came out 2.06-2.09 instead of 1.95-1.99 with the
-dispatch mode (cause not found), outside the ±5 % the share tests hold.
-Intermediate tensors that a module creates and drops are not reserved.
+Shares hold under it (1 ms matmuls inside a module, 5 ms slices, weights 1:2:
+1.985-2.025 over five runs, and a test). It is not the default because it
+gives up two things the dispatch mode keeps: the gate is checked per module
+call, not per operator, so a module with a long ``forward`` runs on past its
+lease (the overrun is charged) and a revoke waits for the next module call;
+and intermediate tensors that a module creates and drops are not reserved.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ WORKLOADS = Path(__file__).parent.parent / "workloads"
 MIB = 1024**2
 
 
-def cgpu_run(d: DaemonProc, *opts: str, script: str, args: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "CGPU_SOCKET": d.sock}
+def cgpu_run(d: DaemonProc, *opts: str, script: str, args: list[str],
+             env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "CGPU_SOCKET": d.sock, **(env or {})}
     return subprocess.Popen([tool("cgpu-run"), "--device", "cpu", *opts, "--", sys.executable,
                              str(WORKLOADS / script), *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -39,10 +40,12 @@ def window(paths: list[Path]) -> tuple[int, int]:
     return max(s[0][0] for s in spans) + 500_000_000, min(s[-1][1] for s in spans) - 200_000_000
 
 
-def run_pair(d: DaemonProc, tmp: Path, seconds: float, size: int) -> tuple[float, float, float]:
+def run_pair(d: DaemonProc, tmp: Path, seconds: float, size: int,
+             hook: str = "dispatch") -> tuple[float, float, float]:
     outs = [tmp / "a.json", tmp / "b.json"]
     procs = [cgpu_run(d, "--instance", name, "--weight", str(w), script="torch_loop.py",
-                      args=[str(seconds), str(size), str(out)])
+                      args=[str(seconds), str(size), str(out), *(["module"] if hook == "module" else [])],
+                      env={"CGPU_TORCH_HOOK": hook})
              for name, w, out in (("A", 1, outs[0]), ("B", 2, outs[1]))]
     for p in procs:
         _, err = p.communicate(timeout=seconds + 60)
@@ -55,6 +58,14 @@ def test_two_cgpu_run_children_share_operator_time_1_to_2(daemon_factory: type, 
     """Policy 2, weights 1:2, torch CPU matmuls of about 1 ms: operator time 1:2 within ±5 %."""
     d = daemon_factory.start("--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared")
     a, b, win = run_pair(d, short_tmp, 12, 320)
+    assert win >= 10, win
+    assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
+
+
+def test_module_hooks_share_operator_time_1_to_2(daemon_factory: type, short_tmp: Path) -> None:
+    """The same with CGPU_TORCH_HOOK=module and the matmul inside an nn.Module call."""
+    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared")
+    a, b, win = run_pair(d, short_tmp, 12, 320, hook="module")
     assert win >= 10, win
     assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
 
