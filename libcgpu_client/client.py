@@ -70,12 +70,15 @@ class Client:
         highprio: bool = False,
         memsize: list[int] | None = None,
         backoff_max_s: float = 2.0,
+        core_percent: int = 0,
     ) -> None:
         self.socket_path = socket_path
         self.register_msg: dict[str, Any] = {"op": "register", "instance": instance, "gpus": list(gpus),
                                              "weight": weight, "highprio": int(highprio)}
         if memsize:
             self.register_msg["memsize"] = list(memsize)
+        if core_percent:
+            self.register_msg["core_percent"] = core_percent
         self.backoff_max_s = backoff_max_s
         self.registration: Registration | None = None
         self.listeners: dict[int, LeaseListener] = {}

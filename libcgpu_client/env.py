@@ -10,6 +10,8 @@ variable, the bad value and what was expected. Nothing falls back silently.
 | ALIYUN_COM_GPU_MEM_CONTAINER | GiB visible per card: ``3`` or ``3,4`` (last repeats); 0/unset: no limit |
 | ALIYUN_COM_GPU_VISIBLE_DEVICES | ``0,1`` or ``GPU-uuid,...`` |
 | ALIYUN_COM_GPU_SCHD_WEIGHT | weight 1..25 |
+| CGPU_CORE_PERCENT | cgpu extension: a GPU-core percentage instead of a weight (5..100, steps of 5): |
+|                   | weight P/5 of 20 slots on policy 3 (seed 000) |
 | ALIYUN_COM_GPU_HIGH_PRIO | 0 or 1 |
 | CGPU_SOCKET | path of arbiter.sock (default /run/cgpu/arbiter.sock) |
 | CGPU_INSTANCE | instance id a process outside a container declares |
@@ -128,7 +130,7 @@ class ClientEnv:
     device: str = "auto"
     native: bool = False
     torch_hook: str = "dispatch"
-
+    core_percent: int = 0  # a GPU-core percentage (weight is core_percent // 5); 0: none
 
 
 def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
@@ -144,6 +146,15 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
     if (v := get("ALIYUN_COM_GPU_VISIBLE_DEVICES")) is not None:
         gpus = parse_devices("ALIYUN_COM_GPU_VISIBLE_DEVICES", v)
     weight = parse_int("ALIYUN_COM_GPU_SCHD_WEIGHT", v, 1, 25) if (v := get("ALIYUN_COM_GPU_SCHD_WEIGHT")) else 1
+    core = 0
+    if (v := get("CGPU_CORE_PERCENT")) is not None:
+        expected = "a multiple of 5 from 5 to 100 (a GPU-core percentage)"
+        if not re.fullmatch(r"\d{1,3}", v.strip()) or not 5 <= int(v) <= 100 or int(v) % 5:
+            raise _bad("CGPU_CORE_PERCENT", v, expected)
+        if get("ALIYUN_COM_GPU_SCHD_WEIGHT") is not None:
+            raise _bad("CGPU_CORE_PERCENT", v, "either it or ALIYUN_COM_GPU_SCHD_WEIGHT, not both")
+        core = int(v)
+        weight = core // 5
     highprio = False
     if (v := get("ALIYUN_COM_GPU_HIGH_PRIO")) is not None:
         highprio = bool(parse_int("ALIYUN_COM_GPU_HIGH_PRIO", v, 0, 1))
@@ -186,4 +197,4 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
     if "\0" in sock or len(sock) > 107:
         raise _bad("CGPU_SOCKET", sock, "a UNIX socket path of at most 107 bytes")
     return ClientEnv(disabled, sock, instance, tuple(gpus), weight, highprio, tuple(mem), mem_dev,
-                     loss, idle_ms, device, native, torch_hook)
+                     loss, idle_ms, device, native, torch_hook, core)

@@ -1,6 +1,6 @@
 """``cgpu-run``: run a program under the cgpu interposer with the given settings.
 
-    cgpu-run [--gpus LIST] [--weight N] [--mem SIZE] [--highprio] [--instance ID]
+    cgpu-run [--gpus LIST] [--weight N | --core-percent P] [--mem SIZE] [--highprio] [--instance ID]
              [--device auto|cuda|cpu] [--socket PATH] [--on-daemon-loss wait|run]
              [--idle-ms MS] [--native | --no-native] -- CMD [ARGS...]
 
@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: cgpu-run --device cpu --weight 2 --mem 1GiB -- python train.py",
     )
     p.add_argument("--gpus", metavar="LIST", help="visible GPUs: indices 0,1 or UUIDs (default 0)")
-    p.add_argument("--weight", type=int, metavar="N", help="scheduling weight 1..max_inst (default 1)")
+    share = p.add_mutually_exclusive_group()
+    share.add_argument("--weight", type=int, metavar="N", help="scheduling weight 1..max_inst (default 1)")
+    share.add_argument("--core-percent", metavar="P", help="a GPU-core percentage instead of a weight: 5..100 in "
+                   "steps of 5, weight P/5 of 20 slots on policy 3 (CGPU_CORE_PERCENT)")
     p.add_argument("--mem", metavar="SIZE", help="memory limit per GPU: 3 (GiB), 600MiB, or 1GiB,2GiB")
     p.add_argument("--highprio", action="store_true", help="run as a high-priority instance")
     p.add_argument("--instance", metavar="ID", help="instance id to declare (processes outside containers; "
@@ -67,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 # the variable each flag sets, so that a bad flag value is reported under the flag's name
 FLAG_OF = {"ALIYUN_COM_GPU_VISIBLE_DEVICES": ("gpus", "--gpus"), "ALIYUN_COM_GPU_SCHD_WEIGHT": ("weight", "--weight"),
            "ALIYUN_COM_GPU_MEM_CONTAINER": ("mem", "--mem"), "CGPU_MEM_LIMIT": ("mem", "--mem"),
-           "CGPU_INSTANCE": ("instance", "--instance"), "CGPU_IDLE_MS": ("idle_ms", "--idle-ms"),
+           "CGPU_INSTANCE": ("instance", "--instance"),
+           "CGPU_CORE_PERCENT": ("core_percent", "--core-percent"), "CGPU_IDLE_MS": ("idle_ms", "--idle-ms"),
            "CGPU_SOCKET": ("socket", "--socket")}
 
 
@@ -85,8 +89,12 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     if args.gpus is not None:
         env["ALIYUN_COM_GPU_VISIBLE_DEVICES"] = args.gpus
-    if args.weight is not None:
+    if args.weight is not None:  # a flag wins over what the environment already says
         env["ALIYUN_COM_GPU_SCHD_WEIGHT"] = str(args.weight)
+        env.pop("CGPU_CORE_PERCENT", None)
+    if args.core_percent is not None:
+        env["CGPU_CORE_PERCENT"] = args.core_percent
+        env.pop("ALIYUN_COM_GPU_SCHD_WEIGHT", None)
     if args.highprio:
         env["ALIYUN_COM_GPU_HIGH_PRIO"] = "1"
     if args.mem is not None:

@@ -43,7 +43,7 @@ class Runtime:
     def __init__(self, env: ClientEnv, device_factory: Callable[[int], DeviceAdapter] | None = None) -> None:
         self.env = env
         self.client = Client(env.socket, env.instance, list(env.gpus), env.weight, env.highprio,
-                             list(env.memsize) or None)
+                             list(env.memsize) or None, core_percent=env.core_percent)
         self._device_factory = device_factory or (lambda i: CpuAdapter())
         self.gates: list[Gate] = []
         self.memory: list[MemoryAccount] = []

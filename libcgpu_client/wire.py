@@ -28,7 +28,8 @@ MESSAGES: dict[str, dict[str, Any]] = {
         "versions": ("list[int]", True), "client": ("str", True), "pid": ("int", False)}},
     "register": {"dir": "c2s", "reply": "registered", "fields": {
         "id": ("int", True), "instance": ("str|nil", True), "gpus": ("list[int|str]", True),
-        "weight": ("int", False), "highprio": ("int", False), "memsize": ("list[int]", False)}},
+        "weight": ("int", False), "highprio": ("int", False), "memsize": ("list[int]", False),
+        "core_percent": ("int", False)}},
     "acquire": {"dir": "c2s", "reply": "grant", "fields": {"id": ("int", True), "gpu": ("int", True)}},
     "release": {"dir": "c2s", "reply": "ok", "fields": {
         "gpu": ("int", True), "lease": ("int", True), "used_ns": ("int", True),

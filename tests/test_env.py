@@ -38,6 +38,8 @@ def test_cgpu_mem_limit_takes_sizes() -> None:
     ("ALIYUN_COM_GPU_SCHD_WEIGHT", "0"), ("ALIYUN_COM_GPU_SCHD_WEIGHT", "26"), ("ALIYUN_COM_GPU_SCHD_WEIGHT", "x"),
     ("ALIYUN_COM_GPU_HIGH_PRIO", "2"), ("CGPU_ON_DAEMON_LOSS", "panic"), ("CGPU_INSTANCE", "../etc"),
     ("CGPU_IDLE_MS", "fast"), ("CGPU_DEVICE", "tpu"), ("CGPU_MEM_LIMIT", "lots"),
+    ("CGPU_CORE_PERCENT", "33"), ("CGPU_CORE_PERCENT", "0"), ("CGPU_CORE_PERCENT", "105"),
+    ("CGPU_CORE_PERCENT", "30%"), ("CGPU_CORE_PERCENT", "2.5"),
 ])
 def test_malformed_values_name_the_variable_the_value_and_the_expectation(name: str, value: str) -> None:
     with pytest.raises(EnvError) as exc:
@@ -54,3 +56,14 @@ def test_memory_over_the_card_is_refused() -> None:
 def test_disable() -> None:
     assert parse_env({"CGPU_DISABLE": "true"}).disabled
     assert not parse_env({"CGPU_DISABLE": "false"}).disabled
+
+
+def test_a_core_percentage_is_a_weight_of_p_over_5() -> None:
+    env = parse_env({"CGPU_CORE_PERCENT": "30"})
+    assert (env.core_percent, env.weight) == (30, 6)
+    assert parse_env({}).core_percent == 0
+
+
+def test_a_core_percentage_and_a_weight_together_are_refused() -> None:
+    with pytest.raises(EnvError, match="either it or ALIYUN_COM_GPU_SCHD_WEIGHT, not both"):
+        parse_env({"CGPU_CORE_PERCENT": "30", "ALIYUN_COM_GPU_SCHD_WEIGHT": "2"})

@@ -11,6 +11,11 @@ highprio, memsize). It comes into being in one of two ways:
   (its environment), but only while ``trust_client_env`` is on; otherwise
   from the defaults.
 
+A GPU-core percentage (seed 000) is a weight: P % is weight P/5 of 20 slots
+on policy 3, a hard cap of P % of the GPU. The first such instance on an
+unused GPU still on policy 1 (the default) sets it to policy 3 with max_inst
+20; on a GPU already set otherwise it is weight P/5 there, with a warning.
+
 Provisioned settings always win, and once a record exists later clients of
 the same instance join it: a client can never change settings through the
 client socket. A record without clients lingers for ``linger_ns`` (so that a
@@ -24,14 +29,22 @@ returns effects.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.errors import IdentityError, NotFoundError, SettingError
 from arbiterd.core.memory import MemDecision, MemoryLedger
-from arbiterd.core.scheduler import GpuScheduler, GpuSettings, check_range
+from arbiterd.core.scheduler import FIXED_CORE, PREEMPTIVE, GpuScheduler, GpuSettings, check_range
 
 log = logging.getLogger("arbiterd.core")
+CORE_MAX_INST = 20  # a GPU-core percentage is counted in 5 % steps: 20 slots
+
+
+def core_weight(percent: object) -> int:
+    """The weight of a GPU-core percentage: a multiple of 5 from 5 to 100, over 5."""
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 5 <= percent <= 100 or percent % 5:
+        raise SettingError(f"core percentage: expected a multiple of 5 from 5 to 100, got {percent!r}")
+    return percent // 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +61,7 @@ class InstanceSettings:
     weight: int = 1
     highprio: bool = False
     memsize: int = 0  # 0: the default_memsize, or the whole device
+    core_percent: int = 0  # a GPU-core percentage (weight is then core_percent // 5); 0: none
 
 
 @dataclass(slots=True)
@@ -142,7 +156,11 @@ class Arbiter:
         sched = self.sched(gpu)
         if s.memsize < 0:
             raise SettingError(f"memsize: {s.memsize} is negative")
+        effects: list[Effect] = []
         warnings: list[str] = []
+        if s.core_percent:
+            s = replace(s, weight=core_weight(s.core_percent))
+            effects, warnings = self._core_mode(gpu, name, s.core_percent, now)
         weight = min(s.weight, sched.free_weight)
         if weight < s.weight:
             msg = (
@@ -152,20 +170,44 @@ class Arbiter:
             )
             log.warning("%s", msg)
             warnings.append(msg)
-        effects = sched.add_instance(name, weight, s.highprio, now)
+        effects += sched.add_instance(name, weight, s.highprio, now)
         rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now)
         self.records[(gpu, name)] = rec
         rec.ledger.limit = self.mem_limit(rec)
         return rec, effects, warnings
 
+    @staticmethod
+    def _core_ready(sched: GpuScheduler) -> bool:
+        """Whether a core percentage may set ``sched`` to policy 3, max_inst 20: unused, on policy 1."""
+        return sched.settings.policy == PREEMPTIVE and not sched.instances
+
+    def _core_mode(self, gpu: int, name: str, percent: int, now: int) -> tuple[list[Effect], list[str]]:
+        """Put ``gpu`` on policy 3 with 20 slots for an instance asking ``percent`` of it, if it may."""
+        sched = self.scheds[gpu]
+        st = sched.settings
+        if st.policy == FIXED_CORE and st.max_inst == CORE_MAX_INST:
+            return [], []
+        if self._core_ready(sched):
+            log.info("GPU %d: policy 3 (fixed core), max_inst %d, for instance %s asking %d %% of the GPU",
+                     gpu, CORE_MAX_INST, name, percent)
+            return sched.set_max_inst(CORE_MAX_INST, now) + sched.set_policy(FIXED_CORE, now), []
+        msg = (f"GPU {gpu} instance {name}: {percent} % of the GPU holds on policy 3 with max_inst "
+               f"{CORE_MAX_INST}; GPU {gpu} has policy {st.policy} and max_inst {st.max_inst}, "
+               f"so it is weight {percent // 5} there")
+        log.warning("%s", msg)
+        return [], [msg]
+
     def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int) -> list[Effect]:
         """``inst_ctl create``: trusted settings that win over a client's environment."""
+        if s.core_percent:
+            s = replace(s, weight=core_weight(s.core_percent))
         for gpu in gpus:
             sched = self.sched(gpu)
-            check_range("weight", s.weight, 1, sched.settings.max_inst)
+            core = bool(s.core_percent) and self._core_ready(sched)  # it becomes 20 slots first
+            check_range("weight", s.weight, 1, CORE_MAX_INST if core else sched.settings.max_inst)
             check_range("highprio", int(s.highprio), 0, 1)
             rec = self.records.get((gpu, name))
-            room = sched.free_weight + (sched.instances[name].weight if rec else 0)
+            room = (CORE_MAX_INST if core else sched.free_weight) + (sched.instances[name].weight if rec else 0)
             if s.weight > room:
                 raise SettingError(f"weight {s.weight} exceeds free_weight {room} on GPU {gpu}")
         effects: list[Effect] = []

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Callable
 
 from arbiterd import __version__
-from arbiterd.core.arbiter import Arbiter, InstanceSettings
+from arbiterd.core.arbiter import Arbiter, InstanceSettings, core_weight
 from arbiterd.core.effects import NS_PER_MS, Effect
 from arbiterd.core.errors import NotFoundError, ReadOnlyError, SettingError
 from arbiterd.core.units import parse_int, parse_size
@@ -191,18 +191,19 @@ def inst_ctl_listing(arb: Arbiter) -> str:
 
 
 def inst_ctl(arb: Arbiter, command: str, now: int) -> list[Effect]:
-    """``create ID [gpu=0,1] [weight=N] [highprio=0|1] [memsize=SIZE]`` or ``remove ID [gpu=...]``."""
+    """``create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]`` or ``remove ID [gpu=...]``."""
     try:
         words = shlex.split(command)
     except ValueError as exc:
         raise SettingError(f"inst_ctl: {exc}") from None
     if len(words) < 2 or words[0] not in ("create", "remove"):
         raise SettingError(
-            "inst_ctl: expected 'create ID [gpu=0,1] [weight=N] [highprio=0|1] [memsize=SIZE]' or 'remove ID [gpu=N]'"
+            "inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]' "
+            "or 'remove ID [gpu=N]'"
         )
     verb, name, rest = words[0], valid_instance_id(words[1]), words[2:]
     opts: dict[str, str] = {}
-    allowed = {"gpu", "weight", "highprio", "memsize"} if verb == "create" else {"gpu"}
+    allowed = {"gpu", "weight", "core", "highprio", "memsize"} if verb == "create" else {"gpu"}
     for word in rest:
         key, sep, val = word.partition("=")
         if not sep or key not in allowed or key in opts:
@@ -218,10 +219,14 @@ def inst_ctl(arb: Arbiter, command: str, now: int) -> list[Effect]:
             arb.sched(gpu)
     if verb == "remove":
         return arb.unprovision(name, gpus, now)
+    if "core" in opts and "weight" in opts:
+        raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
+    core = parse_int("core", opts["core"]) if "core" in opts else 0
     s = InstanceSettings(
-        weight=parse_int("weight", opts.get("weight", "1")),
+        weight=core_weight(core) if "core" in opts else parse_int("weight", opts.get("weight", "1")),
         highprio=bool(parse_int("highprio", opts.get("highprio", "0"))),
         memsize=parse_size("memsize", opts.get("memsize", "0")),
+        core_percent=core,
     )
     if parse_int("highprio", opts.get("highprio", "0")) not in (0, 1):
         raise SettingError("inst_ctl: highprio: expected 0 or 1")

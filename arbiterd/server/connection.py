@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from arbiterd import __version__
-from arbiterd.core.arbiter import InstanceSettings
+from arbiterd.core.arbiter import InstanceSettings, core_weight
 from arbiterd.core.errors import CoreError, IdentityError, NotFoundError
 from arbiterd.core.scheduler import check_range
 from libcgpu_client import wire
@@ -153,13 +153,19 @@ class ClientConnection(asyncio.Protocol):
         gpus = [d.gpu_index(g) for g in msg["gpus"]]
         memsize = msg.get("memsize") or []
         requested: dict[int, InstanceSettings] = {}
+        core = msg.get("core_percent", 0)
+        if "core_percent" in msg:
+            try:
+                core_weight(core)
+            except CoreError as exc:
+                raise wire.ProtocolError("bad_request", f"register: {exc}") from None
         for i, gpu in enumerate(gpus):
             weight = check_range("weight", msg.get("weight", 1), 1, 25)
             highprio = check_range("highprio", msg.get("highprio", 0), 0, 1)
             mem = memsize[min(i, len(memsize) - 1)] if memsize else 0
             if mem < 0:
                 raise wire.ProtocolError("bad_request", "register: memsize must not be negative")
-            requested[gpu] = InstanceSettings(weight, bool(highprio), mem)
+            requested[gpu] = InstanceSettings(weight, bool(highprio), mem, core)
         reg, effects = d.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns())
         for w in reg.warnings:
             log.warning("client %d (pid %d): %s", self.cid, self.pid, w)

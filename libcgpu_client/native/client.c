@@ -461,7 +461,7 @@ static int handshake(int fd) {
 
     const cgpu_env *e = &cgpu_cfg;
     mp_writer_init(&w, b, sizeof b);
-    mp_w_map(&w, (uint32_t)(5 + (e->nmem > 0) + (e->highprio > 0)));
+    mp_w_map(&w, (uint32_t)(5 + (e->nmem > 0) + (e->highprio > 0) + (e->core_percent > 0)));
     mp_w_str(&w, "op"), mp_w_str(&w, "register");
     mp_w_str(&w, "id"), mp_w_int(&w, 1);
     mp_w_str(&w, "instance");
@@ -484,6 +484,8 @@ static int handshake(int fd) {
     }
     if (e->highprio)
         mp_w_str(&w, "highprio"), mp_w_int(&w, 1);
+    if (e->core_percent)
+        mp_w_str(&w, "core_percent"), mp_w_int(&w, e->core_percent);
     k = request(fd, &w, "registered", "registration", &m);
     if (k < 0)
         return k;

@@ -165,6 +165,16 @@ int cgpu_parse_env(const char *(*get)(const char *), cgpu_env *e, char *err, int
     if ((v = lookup(get, "ALIYUN_COM_GPU_SCHD_WEIGHT")) &&
         parse_int("ALIYUN_COM_GPU_SCHD_WEIGHT", v, 1, 25, &e->weight, err, errlen))
         return -1;
+    if ((v = lookup(get, "CGPU_CORE_PERCENT"))) {
+        char b[32];
+        trim(v, b, sizeof b);
+        if (!all_digits(b) || strlen(b) > 3 || atol(b) < 5 || atol(b) > 100 || atol(b) % 5)
+            return bad(err, errlen, "CGPU_CORE_PERCENT", v, "a multiple of 5 from 5 to 100 (a GPU-core percentage)");
+        if (lookup(get, "ALIYUN_COM_GPU_SCHD_WEIGHT"))
+            return bad(err, errlen, "CGPU_CORE_PERCENT", v, "either it or ALIYUN_COM_GPU_SCHD_WEIGHT, not both");
+        e->core_percent = (int)atol(b);
+        e->weight = e->core_percent / 5;
+    }
     if ((v = lookup(get, "ALIYUN_COM_GPU_HIGH_PRIO")) &&
         parse_int("ALIYUN_COM_GPU_HIGH_PRIO", v, 0, 1, &e->highprio, err, errlen))
         return -1;

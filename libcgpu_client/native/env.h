@@ -16,6 +16,7 @@ typedef struct {
     int gpu_index[CGPU_MAX_GPUS];  /* -1 when given as a UUID */
     char gpu_uuid[CGPU_MAX_GPUS][88];
     int weight;
+    int core_percent; /* a GPU-core percentage (weight = core_percent / 5); 0: none */
     int highprio;
     int nmem;                       /* 0: no limit requested */
     int64_t memsize[CGPU_MAX_GPUS]; /* bytes per visible card */

@@ -135,3 +135,60 @@ def test_the_arbiter_can_be_deep_copied_to_try_an_admin_write() -> None:
     trial.scheds[0].set_policy(4, 1)
     assert arb.scheds[0].settings.policy == 1 and trial.scheds[0].settings.policy == 4
     assert trial.scheds[0]._next_lease_id() == arb.scheds[0]._next_lease_id()
+
+
+# ----------------------------------------------------- GPU-core percentages (seed 000, SPEC §3)
+
+def reg_core(arb: Arbiter, cid: int, name: str, percent: int, gpu: int = 0) -> tuple[dict[str, object], list[str]]:
+    arb.connect(cid, 1000 + cid, 0)
+    r, _ = arb.register(cid, name, [gpu], {gpu: InstanceSettings(core_percent=percent)}, 0)
+    return r.gpus[0], r.warnings
+
+
+def test_a_core_percentage_is_weight_p_over_5_of_20_slots_on_policy_3() -> None:
+    arb = make(max_inst=16)  # policy 1, the default
+    info, warnings = reg_core(arb, 1, "a", 30)
+    st = arb.scheds[0].settings
+    assert (info["weight"], st.policy, st.max_inst, warnings) == (6, 3, 20, [])
+    info, warnings = reg_core(arb, 2, "b", 100, gpu=1)  # the whole GPU fits once it has 20 slots
+    assert (info["weight"], arb.scheds[1].settings.max_inst, warnings) == (20, 20, [])
+
+
+def test_a_core_percentage_caps_the_instance_at_p_percent_even_alone() -> None:
+    from arbiterd.core.sim import SimInstance, Simulation
+
+    arb = make(max_inst=16)
+    info, _ = reg_core(arb, 1, "a", 30)
+    st = arb.scheds[0].settings
+    res = Simulation(GpuSettings(policy=st.policy, max_inst=st.max_inst),
+                     [SimInstance("A", int(str(info["weight"])))]).run(20 * NS_PER_S)
+    assert res.instances["A"].share * 100 == pytest.approx(30, abs=0.5)
+
+
+def test_a_core_percentage_on_a_gpu_set_otherwise_is_the_weight_there_with_a_warning() -> None:
+    arb = make(max_inst=16)
+    reg(arb, 1, "other")  # the GPU is in use on policy 1: it is not switched under it
+    info, warnings = reg_core(arb, 2, "a", 30)
+    assert info["weight"] == 6 and arb.scheds[0].settings.policy == 2  # weight 6 > 1 on policy 1 -> 2
+    assert len(warnings) == 1 and "policy 3 with max_inst 20" in warnings[0]
+
+
+@pytest.mark.parametrize("percent", [3, 33, 105, -5, True])  # 0 is "none" here; the wire refuses it
+def test_a_core_percentage_off_the_5_percent_grid_is_refused(percent: int) -> None:
+    arb = make(max_inst=16)
+    arb.connect(1, 1001, 0)
+    with pytest.raises(SettingError, match="multiple of 5 from 5 to 100"):
+        arb.register(1, "a", [0], {0: InstanceSettings(core_percent=percent)}, 0)
+    assert arb.records == {} and arb.scheds[0].settings.policy == 1
+
+
+def test_inst_ctl_provisions_a_core_percentage() -> None:
+    from arbiterd.core.tree import write
+
+    arb = make(max_inst=16)
+    write(arb, "inst_ctl", "create job core=45 gpu=0", 0)
+    assert (arb.scheds[0].instances["job"].weight, arb.scheds[0].settings.policy) == (9, 3)
+    for bad in ("create x core=42", "create x core=30 weight=2", "create x core=abc"):
+        with pytest.raises(SettingError):
+            write(arb, "inst_ctl", bad, 0)
+    assert set(arb.scheds[0].instances) == {"job"}

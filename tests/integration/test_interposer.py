@@ -141,3 +141,19 @@ def test_a_bad_flag_is_reported_under_its_own_name(flags: list[str], message: st
                        env={k: v for k, v in os.environ.items() if not k.startswith(("CGPU_", "ALIYUN_"))},
                        capture_output=True, text=True)
     assert (r.returncode, r.stderr.strip()) == (2, f"cgpu-run: {message}")
+
+
+def test_cgpu_run_core_percent_sets_the_gpu_to_policy_3_and_caps_the_share(daemon_factory: type) -> None:
+    """--core-percent 30 on a fresh GPU: policy 3, max_inst 20, weight 6; a busy client alone gets 30 %."""
+    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--identity", "declared")
+    script = ("import time, torch; from libcgpu_client import runtime; g = runtime.current().gate(0); "
+              "t = time.monotonic()\nwhile time.monotonic() - t < 4: g.check()")
+    proc = subprocess.run([tool("cgpu-run"), "--device", "cpu", "--instance", "pct", "--core-percent", "30", "--",
+                           sys.executable, "-c", script], env={**os.environ, "CGPU_SOCKET": d.sock},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [d.ctl("cat", p).stdout.strip() for p in ("0/policy", "0/max_inst", "0/pct/weight")] == ["3", "20", "6"]
+    doc = json.loads(subprocess.run([tool("cgpu-smi"), "--admin", d.admin, "--json"], capture_output=True,
+                                    text=True, check=True, timeout=30).stdout)
+    held = doc["gpus"][0]["instances"][0]["held_seconds"]
+    assert 0.25 * 4 < held < 0.35 * 4, held  # 30 % of about 4 s of wall time, start-up aside

@@ -109,6 +109,11 @@ ENV_CASES: list[dict[str, str]] = [
     {"ALIYUN_COM_GPU_VISIBLE_DEVICES": "1,"},
     {"ALIYUN_COM_GPU_SCHD_WEIGHT": "25"}, {"ALIYUN_COM_GPU_SCHD_WEIGHT": "26"},
     {"ALIYUN_COM_GPU_SCHD_WEIGHT": "0"}, {"ALIYUN_COM_GPU_SCHD_WEIGHT": "two"},
+    {"CGPU_CORE_PERCENT": "30"}, {"CGPU_CORE_PERCENT": " 100 "}, {"CGPU_CORE_PERCENT": "5"},
+    {"CGPU_CORE_PERCENT": "33"}, {"CGPU_CORE_PERCENT": "0"}, {"CGPU_CORE_PERCENT": "105"},
+    {"CGPU_CORE_PERCENT": "0030"}, {"CGPU_CORE_PERCENT": "30%"},
+    {"CGPU_CORE_PERCENT": "30", "ALIYUN_COM_GPU_SCHD_WEIGHT": "2"},
+    {"CGPU_CORE_PERCENT": "30", "ALIYUN_COM_GPU_SCHD_WEIGHT": "x"},
     {"ALIYUN_COM_GPU_HIGH_PRIO": "1"}, {"ALIYUN_COM_GPU_HIGH_PRIO": "2"},
     {"ALIYUN_COM_GPU_MEM_CONTAINER": "3"}, {"ALIYUN_COM_GPU_MEM_CONTAINER": "0"},
     {"ALIYUN_COM_GPU_MEM_CONTAINER": "3,4"}, {"ALIYUN_COM_GPU_MEM_CONTAINER": "3.5"},
@@ -132,8 +137,8 @@ def describe(env: dict[str, str]) -> str:
     gpus = ",".join(str(g) for g in e.gpus)
     mem = ",".join(str(m) for m in e.memsize)
     return (f"disabled={int(e.disabled)} socket={e.socket} instance={e.instance or ''} weight={e.weight} "
-            f"highprio={int(e.highprio)} on_loss={e.on_daemon_loss} idle_ms={e.idle_ms:g} device={e.device} "
-            f"native={int(e.native)} gpus={gpus} memsize={mem}")
+            f"core={e.core_percent} highprio={int(e.highprio)} on_loss={e.on_daemon_loss} idle_ms={e.idle_ms:g} "
+            f"device={e.device} native={int(e.native)} gpus={gpus} memsize={mem}")
 
 
 @pytest.mark.parametrize("env", ENV_CASES, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "empty")

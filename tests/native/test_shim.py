@@ -293,3 +293,11 @@ def test_python_interposer_leaves_cuda_to_the_shim(native: Native, daemon_factor
         assert res.returncode == 0, res.stderr
         out[device] = res.stdout.split()
     assert out == {"auto": ["True", "False"], "cpu": ["True", "True"]}
+
+
+def test_a_core_percentage_registers_weight_p_over_5_on_policy_3(native: Native, daemon_factory: type) -> None:
+    d = daemon_factory.start(*DAEMON)
+    res = run_job(native, d, "alloc=1M", CGPU_INSTANCE="pct", CGPU_CORE_PERCENT="45")
+    assert res.returncode == 0, res.stderr
+    assert status_of(d, "pct")["weight"] == 9
+    assert [d.ctl("cat", p).stdout.strip() for p in ("0/policy", "0/max_inst")] == ["3", "20"]

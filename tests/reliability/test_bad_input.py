@@ -226,3 +226,18 @@ def test_socket_of_a_dead_daemon_is_reclaimed(short_tmp: Path) -> None:
     d = DaemonProc(short_tmp, "--sim-gpus", "1x1GiB")
     d.start()
     assert d.stop() == 0
+
+
+def test_a_register_with_a_core_percentage_off_the_grid_is_refused(daemon_factory: type) -> None:
+    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--identity", "declared")
+    for bad in (0, 33, 105, "30"):
+        c = RawClient(d.sock)
+        reply = c.hello_register("pct", core_percent=bad)
+        assert (reply["op"], reply["code"]) == ("error", "bad_request"), reply
+        c.close()
+    assert d.ctl("cat", "0/policy").stdout.strip() == "1" and "pct" not in d.ctl("ls", "0").stdout.split()
+    c = RawClient(d.sock)
+    reply = c.hello_register("pct", core_percent=30, weight=6)
+    assert reply["op"] == "registered" and reply["gpus"][0]["weight"] == 6
+    assert d.ctl("cat", "0/policy").stdout.strip() == "3"
+    c.close()

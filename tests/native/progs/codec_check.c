@@ -42,8 +42,9 @@ static int env(void) {
         printf("error: %s\n", err);
         return 0;
     }
-    printf("disabled=%d socket=%s instance=%s weight=%d highprio=%d on_loss=%s idle_ms=%g device=%s native=%d gpus=",
-           e.disabled, e.socket, e.instance, e.weight, e.highprio, e.on_loss_run ? "run" : "wait", e.idle_ms,
+    printf("disabled=%d socket=%s instance=%s weight=%d core=%d highprio=%d on_loss=%s idle_ms=%g device=%s "
+           "native=%d gpus=",
+           e.disabled, e.socket, e.instance, e.weight, e.core_percent, e.highprio, e.on_loss_run ? "run" : "wait", e.idle_ms,
            e.device, e.native);
     for (int k = 0; k < e.ngpus; k++)
         printf(k ? ",%s" : "%s", e.gpu_index[k] >= 0 ? (sprintf(err, "%d", e.gpu_index[k]), err) : e.gpu_uuid[k]);
