@@ -57,6 +57,8 @@ SCENARIOS: list[Scenario] = [
              note="max_inst=10, weight 3: 30% even alone"),
     Scenario("p3_fixed_core_pair", 3, [SimInstance(A, 3), SimInstance(B, 5)], max_inst=10,
              note="30% / 50%, idle 20%"),
+    Scenario("core_pct_30_45", 3, [SimInstance(A, 30 // 5), SimInstance(B, 45 // 5)], max_inst=20,
+             note="GPU-core percentages 30 % and 45 %: weights 6 and 9 of 20 slots on policy 3"),
     Scenario("p4_weak_1_2", 4, [SimInstance(A, 1), SimInstance(B, 2)], note="33% / 67%"),
     Scenario("p4_weak_b_idle", 4, [SimInstance(A, 1), SimInstance(B, 2, workload=idle())],
              note="B idle: A ~100%"),
