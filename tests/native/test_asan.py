@@ -75,3 +75,13 @@ def test_ctypes_python_under_asan_shim(native_asan: Native, daemon_factory: type
                          env=env, capture_output=True, text=True, timeout=120)
     clean(res)
     assert "alloc_rc=2" in res.stdout
+
+
+def test_env_parsing_under_asan(native_asan: Native) -> None:
+    """Every environment case of the C/Python agreement test, through the ASan build of the parser."""
+    from tests.native.test_codec import ENV_CASES, describe
+
+    for env in ENV_CASES:
+        res = subprocess.run([str(native_asan.codec), "env"], env=env, capture_output=True, text=True, timeout=10)
+        clean(res)
+        assert res.stdout.strip() == describe(env)
