@@ -166,10 +166,7 @@ class Gate:
         self._deadline = 0
         if lease is None:
             return
-        end = _now()
-        used = end - self._granted_at
-        self.held_ns += used
-        self._ended(end)
+        used = self._ended()
         self._waiting = again
         if again:
             self.acquires += 1
@@ -178,9 +175,13 @@ class Gate:
         if not sent:
             self._waiting = False
 
-    def _ended(self, end: int) -> None:
+    def _ended(self) -> int:
+        """The held lease ends now: count its time and tell the callbacks; returns the time held."""
+        end = _now()
+        self.held_ns += end - self._granted_at
         for callback in self.on_lease_end:
             callback(self._granted_at, end)
+        return end - self._granted_at
 
     # ------------------------------------------------------------- callbacks
     def _on_grant(self, lease: int, deadline: int) -> None:
@@ -210,9 +211,7 @@ class Gate:
     def _on_reset(self) -> None:
         with self._lock:
             if self._lease is not None:
-                end = _now()
-                self.held_ns += end - self._granted_at
-                self._ended(end)
+                self._ended()
             self._lease = None
             self._deadline = 0
             self._waiting = False
