@@ -29,7 +29,7 @@ returns effects.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.errors import IdentityError, NotFoundError, SettingError
@@ -61,7 +61,11 @@ class InstanceSettings:
     weight: int = 1
     highprio: bool = False
     memsize: int = 0  # 0: the default_memsize, or the whole device
-    core_percent: int = 0  # a GPU-core percentage (weight is then core_percent // 5); 0: none
+    core_percent: int = 0  # a GPU-core percentage; 0: none
+
+    def __post_init__(self) -> None:
+        if self.core_percent:  # the weight follows from the percentage, here only
+            object.__setattr__(self, "weight", core_weight(self.core_percent))
 
 
 @dataclass(slots=True)
@@ -159,7 +163,6 @@ class Arbiter:
         effects: list[Effect] = []
         warnings: list[str] = []
         if s.core_percent:
-            s = replace(s, weight=core_weight(s.core_percent))
             effects, warnings = self._core_mode(gpu, name, s.core_percent, now)
         weight = min(s.weight, sched.free_weight)
         if weight < s.weight:
@@ -199,8 +202,6 @@ class Arbiter:
 
     def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int) -> list[Effect]:
         """``inst_ctl create``: trusted settings that win over a client's environment."""
-        if s.core_percent:
-            s = replace(s, weight=core_weight(s.core_percent))
         for gpu in gpus:
             sched = self.sched(gpu)
             core = bool(s.core_percent) and self._core_ready(sched)  # it becomes 20 slots first

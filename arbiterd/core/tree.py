@@ -221,9 +221,12 @@ def inst_ctl(arb: Arbiter, command: str, now: int) -> list[Effect]:
         return arb.unprovision(name, gpus, now)
     if "core" in opts and "weight" in opts:
         raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
-    core = parse_int("core", opts["core"]) if "core" in opts else 0
+    core = 0
+    if "core" in opts:
+        core = parse_int("core", opts["core"])
+        core_weight(core)  # refuses core=0 too, which the settings would read as none
     s = InstanceSettings(
-        weight=core_weight(core) if "core" in opts else parse_int("weight", opts.get("weight", "1")),
+        weight=parse_int("weight", opts.get("weight", "1")),
         highprio=bool(parse_int("highprio", opts.get("highprio", "0"))),
         memsize=parse_size("memsize", opts.get("memsize", "0")),
         core_percent=core,
