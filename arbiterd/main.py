@@ -11,6 +11,7 @@ from typing import Any
 from arbiterd import __version__
 from arbiterd.core.errors import CoreError
 from arbiterd.server import config as config_mod
+from arbiterd.server.cpu import apply_realtime
 
 FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--run-dir", "run_dir", {"metavar": "DIR", "help": "holds arbiter.sock and admin.sock (default /run/cgpu)"}),
@@ -34,6 +35,9 @@ FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--client-group", "client_group", {"metavar": "GROUP", "help": "group owning arbiter.sock"}),
     ("--max-clients", "max_clients", {"type": int, "help": "refuse connections beyond this (default 1024)"}),
     ("--log-level", "log_level", {"choices": list(config_mod.LOG_LEVELS), "help": "default info"}),
+    ("--realtime-priority", "realtime_priority", {
+        "type": int, "metavar": "N",
+        "help": "run under SCHED_FIFO priority N, 1..99, so grants go out at once (default 0: normal)"}),
 ]
 
 
@@ -72,10 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    took, message = apply_realtime(cfg.realtime_priority)
+    log = logging.getLogger("arbiterd")
+    log.log(logging.WARNING if cfg.realtime_priority and not took else logging.INFO, "%s", message)
     try:
         import uvloop
     except ImportError:
-        logging.getLogger("arbiterd").warning("uvloop is not installed; using the default event loop")
+        log.warning("uvloop is not installed; using the default event loop")
         return asyncio.run(_run(cfg))
     return uvloop.run(_run(cfg))
 

@@ -24,7 +24,12 @@
   launch, ns (an empty kernel launched 2 M times with the shim preloaded and a
   lease held, minus the same without the shim), and the grant round trip from C
   (``bench/native/grant_rtt.c``: C threads speaking the protocol with the
-  shim's own codec, 1, 16 and 64 clients). Needs gcc; skipped without it.
+  shim's own codec and waiting for input as it does, 1, 16 and 64 clients, each
+  level after 0.5 s unmeasured warm-up). Needs gcc; skipped without it.
+
+The daemon runs as the shipped config runs it, under ``SCHED_FIFO`` priority 10
+(``--realtime-priority``; the table says what it got), and the 64-client C round
+trip is measured once more against a daemon at normal priority for comparison.
 * **Floor**: a bare round trip of one small message between two C processes
   over a UNIX stream socket, paced every 5 ms like the clients
   (``bench/native/pingpong.c``): what this machine's wake-ups cost with no
@@ -267,6 +272,13 @@ def native_overhead(sock: str, seconds: float) -> dict[str, Any] | None:
             **native_grants(sock, seconds)}
 
 
+def run_rtt(cmd: list[str], seconds: float) -> dict[str, Any]:
+    """Run grant_rtt or pingpong; their last line is ``name k=v ...``."""
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=True)
+    kv = dict(f.split("=") for f in res.stdout.split()[1:])
+    return {"p50_us": float(kv["p50_us"]), "p99_us": float(kv["p99_us"]), "samples": int(kv["samples"])}
+
+
 def native_grants(sock: str, seconds: float) -> dict[str, Any]:
     """The grant round trip from C clients, and the floor: a bare socket round trip between two
     C processes, paced like the clients (every 5 ms), with no daemon in between."""
@@ -278,20 +290,15 @@ def native_grants(sock: str, seconds: float) -> dict[str, Any]:
     rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], out / "grant_rtt")
     pingpong = nb.build_program([ROOT / "bench/native/pingpong.c"], out / "pingpong")
 
-    def run(cmd: list[str]) -> dict[str, Any]:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=True)
-        kv = dict(f.split("=") for f in res.stdout.split()[1:])
-        return {"p50_us": float(kv["p50_us"]), "p99_us": float(kv["p99_us"]), "samples": int(kv["samples"])}
-
-    grants = {str(n): run([str(rtt), sock, str(n), str(seconds)]) for n in (1, 16, 64)}
-    floor = run([str(pingpong), str(seconds)])
+    grants = {str(n): run_rtt([str(rtt), sock, str(n), str(seconds)], seconds) for n in (1, 16, 64)}
+    floor = run_rtt([str(pingpong), str(seconds)], seconds)
     echo_sock = str(out / "echo.sock")
     echo = subprocess.Popen([sys.executable, "-c",
                              f"from bench.overhead import _echo_server; _echo_server({echo_sock!r})"], cwd=ROOT)
     try:
         if not wait_for_socket(echo_sock, 15):
             raise RuntimeError("the echo server did not start")
-        floor_loop = run([str(pingpong), str(seconds), echo_sock])
+        floor_loop = run_rtt([str(pingpong), str(seconds), echo_sock], seconds)
     finally:
         echo.terminate()
         echo.wait(10)
@@ -319,6 +326,46 @@ def _echo_server(path: str) -> None:
     uvloop.run(serve())
 
 
+def start_daemon(tmp: Path, realtime_priority: int) -> tuple[subprocess.Popen[bytes], str, str]:
+    """arbiterd on two simulated GPUs, GPU 0 on policy 5; returns it and its two socket paths."""
+    sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
+    daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
+                               "--sim-gpus", "2x16GiB", "--identity", "declared", "--max-clients", "4096",
+                               "--max-inst", "25", "--log-level", "warning",
+                               "--realtime-priority", str(realtime_priority)])
+    try:
+        if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
+            raise RuntimeError("arbiterd did not start")
+        subprocess.run([tool("cgpuctl"), "--admin", admin, "echo", "5", "0/policy"], check=True)
+    except BaseException:
+        daemon.terminate()
+        daemon.wait(10)
+        raise
+    return daemon, sock, admin
+
+
+def scheduling_of(pid: int) -> str:
+    """The scheduling class a process runs under, as the table reports it."""
+    policy = os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK
+    if policy == os.SCHED_FIFO:
+        return f"SCHED_FIFO {os.sched_getparam(pid).sched_priority}"
+    return "normal (SCHED_OTHER)"
+
+
+def normal_priority_grants(seconds: float) -> dict[str, Any]:
+    """The 64-client C round trip again, against a daemon at normal priority (for comparison)."""
+    from libcgpu_client.native import build as nb
+
+    tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
+    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], tmp / "grant_rtt")
+    daemon, sock, _ = start_daemon(tmp, 0)
+    try:
+        return run_rtt([str(rtt), sock, "64", str(seconds)], seconds)
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -331,16 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-hook", choices=["module", "dispatch"], default="dispatch",
                    help="with --only interposer: which hook (CGPU_TORCH_HOOK; default dispatch)")
     p.add_argument("--only", choices=["interposer", "grant"], help="run only this part (no RESULTS.md)")
+    p.add_argument("--realtime-priority", type=int, default=10, metavar="N",
+                   help="the daemon's realtime_priority, as the shipped config sets it (default 10; 0: normal)")
     args = p.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
-    sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
-    daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
-                               "--sim-gpus", "2x16GiB", "--identity", "declared", "--max-clients", "4096",
-                               "--max-inst", "25", "--log-level", "warning"])
+    daemon, sock, _ = start_daemon(Path(tempfile.mkdtemp(prefix="cgpu-ovh-")), args.realtime_priority)
+    sched = scheduling_of(daemon.pid)
     try:
-        if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
-            raise RuntimeError("arbiterd did not start")
-        subprocess.run([tool("cgpuctl"), "--admin", admin, "echo", "5", "0/policy"], check=True)
         if args.only == "interposer":
             print(json.dumps(interposer_overhead(sock, args.rounds, args.torch_hook, args.processes), indent=2))
             return 0
@@ -356,11 +399,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         daemon.terminate()
         daemon.wait(10)
-    doc = {"grant_round_trip": grants, "fastpath_ns": round(fast, 1), "interposer": interp,
-           "interposer_module_hooks": interp_module, "native": native}
+    normal = normal_priority_grants(args.seconds) if native is not None and sched != "normal (SCHED_OTHER)" else None
+    doc = {"daemon_scheduling": sched, "grant_round_trip": grants, "fastpath_ns": round(fast, 1),
+           "interposer": interp, "interposer_module_hooks": interp_module, "native": native,
+           "grant_round_trip_c_64_normal_priority": normal}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
+        print(f"daemon scheduling: {sched}")
         print(f"{'clients':>8} {'grant p50 us':>13} {'grant p99 us':>13} {'samples':>8}")
         for n, g in grants.items():
             print(f"{n:>8} {g['p50_us']:>13} {g['p99_us']:>13} {g['samples']:>8}")
@@ -376,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({native['launch_ns_shim']} with the shim, {native['launch_ns_plain']} without)")
             for n, g in native["grant_round_trip_c"].items():
                 print(f"grant round trip from C, {n:>2} clients: p50 {g['p50_us']} us, p99 {g['p99_us']} us")
+            if normal is not None:
+                print(f"the same, 64 clients, daemon at normal priority: p50 {normal['p50_us']} us, "
+                      f"p99 {normal['p99_us']} us")
             f, e = native["socket_round_trip_floor"], native["event_loop_floor"]
             print(f"floor, a bare socket round trip between two C processes: p50 {f['p50_us']} us, "
                   f"p99 {f['p99_us']} us; to an echo server on Python's event loop: p50 {e['p50_us']} us, "
@@ -386,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     line = (f"grant_p50_us={g64['p50_us']} grant_p99_us={g64['p99_us']} fastpath_ns={fast:.0f} "
             f"interposer_overhead_pct={interp['resnet50_b16_64px']['overhead_pct']}")
     if not args.no_results:
-        body = ["| clients | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
+        body = [f"Daemon scheduling: {sched} (`--realtime-priority {args.realtime_priority}`; the shipped "
+                "config and unit run it so).", "",
+                "| clients | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
         body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |" for n, g in grants.items()]
         body += ["", f"Gate fast path: {fast:.1f} ns per check (target 1 us).", "",
                  "| interposer hook | on | ops/batch | gated ms | plain ms | overhead (median) | per op "
@@ -404,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                      "| clients (C, shim codec) | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
             body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |"
                      for n, g in native["grant_round_trip_c"].items()]
+            if normal is not None:
+                body += [f"| 64, daemon at normal priority | {normal['p50_us']} us | {normal['p99_us']} us "
+                         f"| {normal['samples']} |"]
             f = native["socket_round_trip_floor"]
             e = native["event_loop_floor"]
             body += ["", f"Floor: a bare round trip of one small message between two C processes over a UNIX "

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -225,8 +226,14 @@ class Client:
 
     def _read_loop(self, sock: socket.socket) -> None:
         decoder = self._decoder
+        # Wait in poll() rather than in recv(): a thread blocked in recv() on a UNIX stream
+        # socket is also woken each time the daemon reads what this socket sent (a
+        # write-space wake-up per request); poll() for input filters those out in the kernel.
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
         while True:
             try:
+                poller.poll()
                 data = sock.recv(262144)
             except OSError:
                 return

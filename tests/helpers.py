@@ -27,8 +27,10 @@ def tool(name: str) -> str:
 class DaemonProc:
     """``arbiterd`` as a subprocess with its own run and state dirs."""
 
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None,
+                 wrap: list[str] | None = None) -> None:
         self.tmp = tmp
+        self.wrap = wrap or []
         self.run_dir = tmp / "run"
         self.state_dir = tmp / "state"
         self.args = list(args)
@@ -45,7 +47,7 @@ class DaemonProc:
         return str(self.run_dir / "admin.sock")
 
     def start(self, timeout: float = 15.0) -> DaemonProc:
-        cmd = [tool("arbiterd"), "--run-dir", str(self.run_dir), "--state-dir", str(self.state_dir),
+        cmd = [*self.wrap, tool("arbiterd"), "--run-dir", str(self.run_dir), "--state-dir", str(self.state_dir),
                *self.args]
         self.log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)

@@ -41,6 +41,7 @@ class Config:
     handshake_timeout_s: float = 5.0
     frame_timeout_s: float = 5.0
     log_level: str = "info"
+    realtime_priority: int = 0
     source: str | None = field(default=None, repr=False)
 
     def gpu_settings(self) -> GpuSettings:
@@ -65,6 +66,7 @@ def _errors(cfg: Config) -> list[str]:
     rng("max_clients", 1, 100_000)
     rng("client_mode", 0, 0o777)
     rng("admin_mode", 0, 0o777)
+    rng("realtime_priority", 0, 99)
     if cfg.identity not in IDENTITY_SOURCES:
         errs.append(f"identity: expected one of {', '.join(IDENTITY_SOURCES)}, got {cfg.identity!r}")
     if cfg.log_level not in LOG_LEVELS:

@@ -385,7 +385,7 @@ class Daemon:
         old = self.config
         now = time.monotonic_ns()
         for key in ("run_dir", "state_dir", "sim_gpus", "admin_listen", "client_mode", "admin_mode",
-                    "client_group", "admin_group"):
+                    "client_group", "admin_group", "realtime_priority"):
             if getattr(new, key) != getattr(old, key):
                 log.warning("reload: %s changed; it takes effect at the next restart", key)
                 setattr(new, key, getattr(old, key))

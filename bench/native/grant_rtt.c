@@ -1,12 +1,15 @@
 /* Grant round trip from C: N client threads, each with its own connection to arbiterd,
  * speaking the protocol through libcgpu.so's own codec (mp.c).
  *
- *   grant_rtt SOCKET CLIENTS SECONDS
+ *   grant_rtt SOCKET CLIENTS SECONDS [WARMUP]
  *
  * Each client registers as one of 8 instances, then every 5 ms (one slice, random
- * phase) sends acquire, waits for the grant, and releases. Prints
+ * phase) sends acquire, waits for the grant, and releases. The first WARMUP seconds
+ * (default 0.5) run the same loop unmeasured: connections settle, and so do the
+ * machine's wake-up paths (a VM's idle polling adapts to the rate). Prints
  * "rtt clients=N samples=S p50_us=X p99_us=Y". Run it against a GPU on policy 5. */
 #define _GNU_SOURCE
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +24,7 @@
 #define MAX_SAMPLES 20000
 
 static const char *sock_path;
-static double seconds;
+static double seconds, warmup = 0.5;
 
 typedef struct {
     int index;
@@ -86,7 +89,8 @@ static void *run(void *arg) {
     unsigned seed = (unsigned)c->index * 7919u + 1;
     struct timespec phase = {0, (long)(rand_r(&seed) % 5000000)};
     nanosleep(&phase, NULL);
-    int64_t end = now_ns() + (int64_t)(seconds * 1e9);
+    int64_t measure = now_ns() + (int64_t)(warmup * 1e9);
+    int64_t end = measure + (int64_t)(seconds * 1e9);
     while (now_ns() < end && c->n < MAX_SAMPLES) {
         mp_writer_init(&w, b, sizeof b);
         mp_w_map(&w, 3), mp_w_str(&w, "op"), mp_w_str(&w, "acquire"), mp_w_str(&w, "id"), mp_w_int(&w, 0),
@@ -108,12 +112,15 @@ static void *run(void *arg) {
             }
             if (lease >= 0)
                 break;
-            ssize_t n = recv(fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+            /* wait as libcgpu.so does: poll() for input, then recv() (see read_msg there) */
+            struct pollfd pf = {fd, POLLIN, 0};
+            ssize_t n = poll(&pf, 1, -1) < 0 ? -1 : recv(fd, c->buf + c->len, sizeof c->buf - c->len, 0);
             if (n <= 0)
                 exit(1);
             c->len += (size_t)n;
         }
-        c->samples[c->n++] = (double)(now_ns() - t0) / 1e3;
+        if (t0 >= measure)
+            c->samples[c->n++] = (double)(now_ns() - t0) / 1e3;
         mp_writer_init(&w, b, sizeof b);
         mp_w_map(&w, 4), mp_w_str(&w, "op"), mp_w_str(&w, "release"), mp_w_str(&w, "gpu"), mp_w_int(&w, 0),
             mp_w_str(&w, "lease"), mp_w_int(&w, lease), mp_w_str(&w, "used_ns"), mp_w_int(&w, 0);
@@ -132,10 +139,12 @@ static int cmp(const void *x, const void *y) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: grant_rtt SOCKET CLIENTS SECONDS\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: grant_rtt SOCKET CLIENTS SECONDS [WARMUP]\n");
         return 2;
     }
+    if (argc == 5)
+        warmup = atof(argv[4]);
     sock_path = argv[1];
     int n = atoi(argv[2]);
     seconds = atof(argv[3]);

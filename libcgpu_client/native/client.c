@@ -403,14 +403,15 @@ static int read_msg(int fd, mp_node **msg, int timeout_ms) {
                 return -1;
             }
         }
-        if (timeout_ms >= 0) {
-            struct pollfd pf = {fd, POLLIN, 0};
-            int r = poll(&pf, 1, timeout_ms);
-            if (r == 0)
-                return -1;
-            if (r < 0 && errno == EINTR)
-                continue;
-        }
+        /* Wait in poll() for input, even with no timeout: a thread blocked in recv() on a
+         * UNIX stream socket is also woken each time the daemon reads what this socket sent
+         * (a write-space wake-up, one per request), and poll() filters those out in the kernel. */
+        struct pollfd pf = {fd, POLLIN, 0};
+        int r = poll(&pf, 1, timeout_ms);
+        if (r == 0)
+            return -1;
+        if (r < 0 && errno == EINTR)
+            continue;
         ssize_t n = recv(fd, R.buf + R.len, sizeof R.buf - R.len, 0);
         if (n < 0 && errno == EINTR)
             continue;

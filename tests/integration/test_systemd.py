@@ -205,3 +205,55 @@ def test_check_config(short_tmp: Path) -> None:
     broken.write_text("policy = = 1")
     r = subprocess.run([tool("arbiterd"), "--check-config", str(broken)], capture_output=True, text=True)
     assert r.returncode == 1 and "not valid TOML" in r.stdout
+
+
+def test_apply_realtime_asks_for_fifo_reset_on_fork_and_reports_a_refusal() -> None:
+    from arbiterd.server.cpu import apply_realtime
+
+    calls: list[tuple[int, int, int]] = []
+    took, msg = apply_realtime(10, lambda pid, policy, param: calls.append((pid, policy, param.sched_priority)))
+    assert took and calls == [(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, 10)], calls
+    assert msg == "scheduling: SCHED_FIFO priority 10 (realtime_priority)"
+
+    def refuse(pid: int, policy: int, param: os.sched_param) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    took, msg = apply_realtime(10, refuse)
+    assert not took and "cannot switch to SCHED_FIFO (Operation not permitted)" in msg and "\n" not in msg
+    calls.clear()
+    assert apply_realtime(0, lambda *a: calls.append(a)) == (False, "scheduling: normal (realtime_priority 0)")
+    assert calls == []
+
+
+def test_realtime_priority_out_of_range_is_a_one_line_error() -> None:
+    for value in ("100", "-1"):
+        r = subprocess.run([tool("arbiterd"), "--realtime-priority", value], capture_output=True, text=True)
+        assert r.returncode == 2
+        assert r.stderr.strip() == f"arbiterd: realtime_priority: expected an integer 0..99, got {value}", r.stderr
+
+
+def _daemon_policy(d: object) -> int:
+    return os.sched_getscheduler(d.proc.pid)  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to grant or withhold CAP_SYS_NICE")
+def test_realtime_priority_runs_the_daemon_under_sched_fifo_or_says_why_not(daemon_factory: type) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        # without the capability (and with RLIMIT_RTPRIO 0) the daemon warns once and runs normally
+        d = daemon_factory.start("--sim-gpus", "1x1GiB", "--realtime-priority", "3", sub="rt-denied",
+                                 wrap=[setpriv, "--bounding-set", "-sys_nice", "--"])
+        assert _daemon_policy(d) == os.SCHED_OTHER
+        warnings = [line for line in d.read_log().splitlines() if "realtime_priority 3" in line]
+        assert len(warnings) == 1 and " WARNING " in warnings[0] and "normal priority" in warnings[0], warnings
+        assert RawClient(d.sock).hello_register("a")["op"] == "registered"
+        d.stop()
+    d = daemon_factory.start("--sim-gpus", "1x1GiB", "--realtime-priority", "3", sub="rt")
+    log = d.read_log()
+    if "cannot switch to SCHED_FIFO" in log:
+        assert _daemon_policy(d) == os.SCHED_OTHER
+        pytest.skip("this kernel refuses SCHED_FIFO even to root here (real-time group scheduling)")
+    assert _daemon_policy(d) == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+    assert os.sched_getparam(d.proc.pid).sched_priority == 3
+    assert "scheduling: SCHED_FIFO priority 3 (realtime_priority)" in log
+    assert RawClient(d.sock).hello_register("a")["op"] == "registered"
