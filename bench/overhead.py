@@ -437,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_results:
         body = [f"Daemon scheduling: {sched} (`--realtime-priority {args.realtime_priority}`; the shipped "
                 "config and unit run it so).", "",
-                "| clients | grant p50 | grant p99 | samples |", "| ---: | ---: | ---: | ---: |"]
+                "| clients (Python asyncio, 2 load processes) | grant p50 | grant p99 | samples |",
+                "| ---: | ---: | ---: | ---: |"]
         body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |" for n, g in grants.items()]
         body += ["", f"Gate fast path: {fast:.1f} ns per check (target 1 us).", "",
                  "| interposer hook | on | ops/batch | gated ms | plain ms | overhead (median) | per op "
