@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from arbiterd.server.cpu import describe
 from bench import results
 from bench.common import ROOT, tool
 from libcgpu_client.aio import AsyncClient
@@ -344,14 +345,6 @@ def start_daemon(tmp: Path, realtime_priority: int) -> tuple[subprocess.Popen[by
     return daemon, sock, admin
 
 
-def scheduling_of(pid: int) -> str:
-    """The scheduling class a process runs under, as the table reports it."""
-    policy = os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK
-    if policy == os.SCHED_FIFO:
-        return f"SCHED_FIFO {os.sched_getparam(pid).sched_priority}"
-    return "normal (SCHED_OTHER)"
-
-
 def normal_priority_grants(seconds: float) -> dict[str, Any]:
     """The 64-client C round trip again, against a daemon at normal priority (for comparison)."""
     from libcgpu_client.native import build as nb
@@ -382,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the daemon's realtime_priority, as the shipped config sets it (default 10; 0: normal)")
     args = p.parse_args(argv)
     daemon, sock, _ = start_daemon(Path(tempfile.mkdtemp(prefix="cgpu-ovh-")), args.realtime_priority)
-    sched = scheduling_of(daemon.pid)
+    sched = describe(daemon.pid)
     try:
         if args.only == "interposer":
             print(json.dumps(interposer_overhead(sock, args.rounds, args.torch_hook, args.processes), indent=2))
@@ -399,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         daemon.terminate()
         daemon.wait(10)
-    normal = normal_priority_grants(args.seconds) if native is not None and sched != "normal (SCHED_OTHER)" else None
+    normal = normal_priority_grants(args.seconds) if native is not None and sched != "normal" else None
     doc = {"daemon_scheduling": sched, "grant_round_trip": grants, "fastpath_ns": round(fast, 1),
            "interposer": interp, "interposer_module_hooks": interp_module, "native": native,
            "grant_round_trip_c_64_normal_priority": normal}

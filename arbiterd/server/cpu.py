@@ -37,3 +37,13 @@ def apply_realtime(priority: int, setter: Setter = os.sched_setscheduler) -> tup
         return False, (f"realtime_priority {priority}: cannot switch to SCHED_FIFO ({reason}); "
                        "running at normal priority, so grants may wait behind busy processes")
     return True, f"scheduling: SCHED_FIFO priority {priority} (realtime_priority)"
+
+
+def describe(pid: int = 0) -> str:
+    """The scheduling class ``pid`` (0: this process) runs under: ``SCHED_FIFO 10`` or ``normal``."""
+    policy = os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK
+    if policy == os.SCHED_FIFO:
+        return f"SCHED_FIFO {os.sched_getparam(pid).sched_priority}"
+    if policy == os.SCHED_RR:
+        return f"SCHED_RR {os.sched_getparam(pid).sched_priority}"
+    return "normal"

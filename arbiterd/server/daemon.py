@@ -36,6 +36,7 @@ from arbiterd.core.units import parse_size
 from arbiterd.server import config as config_mod
 from arbiterd.server.config import Config
 from arbiterd.server.connection import ClientConnection
+from arbiterd.server.cpu import describe
 from arbiterd.server.devices import discover
 from arbiterd.server.identity import IdentityResolver
 from arbiterd.server.persist import StateStore
@@ -246,6 +247,7 @@ class Daemon:
             "version": __version__,
             "pid": os.getpid(),
             "uptime_seconds": round(time.time() - self.started_at, 3),
+            "scheduling": describe(),
             "clients": len(self.connections),
             "state_file": str(self.store.path),
             "state_problem": self.state_problem,
