@@ -27,14 +27,15 @@
   shim's own codec and waiting for input as it does, 1, 16 and 64 clients, each
   level after 0.5 s unmeasured warm-up). Needs gcc; skipped without it.
 
-The daemon runs as the shipped config runs it, under ``SCHED_FIFO`` priority 10
-(``--realtime-priority``; the table says what it got), and the 64-client C round
-trip is measured once more against a daemon at normal priority for comparison.
 * **Floor**: a bare round trip of one small message between two C processes
   over a UNIX stream socket, paced every 5 ms like the clients
   (``bench/native/pingpong.c``): what this machine's wake-ups cost with no
   daemon at all; and the same to an echo server on the daemon's event loop
   (uvloop) that does nothing else, the floor a Python daemon starts from.
+
+The daemon runs as the shipped config runs it, under ``SCHED_FIFO`` priority 10
+(``--realtime-priority``; the table says what it got), and the 64-client C round
+trip is measured once more against a daemon at normal priority for comparison.
 
 The output ends with one line
 ``grant_p50_us=<n> grant_p99_us=<n> fastpath_ns=<n> interposer_overhead_pct=<n>``

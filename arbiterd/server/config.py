@@ -10,6 +10,7 @@ from typing import Any
 from arbiterd.core.errors import SettingError
 from arbiterd.core.scheduler import MAX_INST_RANGE, PRIO_RATIO_RANGE, SLICE_MS_RANGE, GpuSettings
 from arbiterd.core.units import parse_size
+from arbiterd.server.cpu import PRIORITY_RANGE
 
 IDENTITY_SOURCES = ("cgroup", "declared")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -66,7 +67,7 @@ def _errors(cfg: Config) -> list[str]:
     rng("max_clients", 1, 100_000)
     rng("client_mode", 0, 0o777)
     rng("admin_mode", 0, 0o777)
-    rng("realtime_priority", 0, 99)
+    rng("realtime_priority", *PRIORITY_RANGE)
     if cfg.identity not in IDENTITY_SOURCES:
         errs.append(f"identity: expected one of {', '.join(IDENTITY_SOURCES)}, got {cfg.identity!r}")
     if cfg.log_level not in LOG_LEVELS:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-PRIORITY_RANGE = (0, 99)
+PRIORITY_RANGE = (0, 99)  # 0: normal scheduling; 1..99: SCHED_FIFO priorities
 Setter = Callable[[int, int, os.sched_param], None]
 
 
