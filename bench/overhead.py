@@ -52,6 +52,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -244,8 +245,6 @@ def interposer_overhead(sock: str, rounds: int, torch_hook: str = "dispatch", pr
 
 def native_overhead(sock: str, seconds: float) -> dict[str, Any] | None:
     """libcgpu.so's fast path per launch and the grant round trip from C; None without gcc."""
-    import shutil
-
     from libcgpu_client.native import build as nb
     from libcgpu_client.native import shim_path
 
@@ -284,8 +283,6 @@ def run_rtt(cmd: list[str], seconds: float) -> dict[str, Any]:
 def native_grants(sock: str, seconds: float) -> dict[str, Any]:
     """The grant round trip from C clients, and the floor: a bare socket round trip between two
     C processes, paced like the clients (every 5 ms), with no daemon in between."""
-    import shutil
-
     from libcgpu_client.native import build as nb
 
     out = Path(tempfile.mkdtemp(prefix="cgpu-rtt-"))
@@ -351,13 +348,16 @@ def normal_priority_grants(seconds: float) -> dict[str, Any]:
     from libcgpu_client.native import build as nb
 
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
-    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], tmp / "grant_rtt")
-    daemon, sock, _ = start_daemon(tmp, 0)
     try:
-        return run_rtt([str(rtt), sock, "64", str(seconds)], seconds)
+        rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], tmp / "grant_rtt")
+        daemon, sock, _ = start_daemon(tmp, 0)
+        try:
+            return run_rtt([str(rtt), sock, "64", str(seconds)], seconds)
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
     finally:
-        daemon.terminate()
-        daemon.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--realtime-priority", type=int, default=10, metavar="N",
                    help="the daemon's realtime_priority, as the shipped config sets it (default 10; 0: normal)")
     args = p.parse_args(argv)
-    daemon, sock, _ = start_daemon(Path(tempfile.mkdtemp(prefix="cgpu-ovh-")), args.realtime_priority)
+    tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
+    daemon, sock, _ = start_daemon(tmp, args.realtime_priority)
     sched = describe(daemon.pid)
     try:
         if args.only == "interposer":
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         daemon.terminate()
         daemon.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
     normal = normal_priority_grants(args.seconds) if native is not None and sched != "normal" else None
     doc = {"daemon_scheduling": sched, "grant_round_trip": grants, "fastpath_ns": round(fast, 1),
            "interposer": interp, "interposer_module_hooks": interp_module, "native": native,
