@@ -194,21 +194,29 @@ class Decoder:
         self._fed = 0
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
-        """Feed ``data`` and yield every complete, valid message in it."""
-        yield from self.feed_raw(data)
+        """Feed ``data``; iterate every complete message in it (decoded; :func:`validate` checks one)."""
+        return self.feed_raw(data)
 
     def feed_raw(self, data: bytes) -> Iterator[Any]:
-        """Feed ``data`` and yield every complete frame, decoded but not validated."""
+        """Feed ``data`` and return an iterator over every complete frame, decoded but not validated."""
+        if len(data) <= self.max_message:  # the usual case: one read, no chunking (a hot path)
+            self._feed_chunk(data)
+            return self._drain()
+        return self._feed_chunks(data)
+
+    def _feed_chunks(self, data: bytes) -> Iterator[Any]:
         view = memoryview(data)
         step = self.max_message
         for start in range(0, len(view), step):
-            chunk = view[start:start + step]
-            self._fed += len(chunk)
-            try:
-                self._unpacker.feed(chunk)
-            except msgpack.BufferFull:
-                raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+            self._feed_chunk(view[start:start + step])
             yield from self._drain()
+
+    def _feed_chunk(self, chunk: bytes | memoryview) -> None:
+        self._fed += len(chunk)
+        try:
+            self._unpacker.feed(chunk)
+        except msgpack.BufferFull:
+            raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
 
     def _drain(self) -> Iterator[dict[str, Any]]:
         # iterating the Unpacker ends quietly where the data does (no OutOfData raised per feed)

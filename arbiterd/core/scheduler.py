@@ -413,16 +413,18 @@ class GpuScheduler:
 
     def next_wakeup(self) -> int | None:
         """The earliest time at which :meth:`tick` has something to do."""
-        times = [self._cutoff(lease) for lease in self.holders()]
-        waiting = any(i.waiters for i in self.instances.values())
-        hp_ready = self._hp_ready_at() if self._hp_waiting() else None
+        # called after every burst of messages: the cheap tests first, the high-priority
+        # candidate (a pass over the instances) only where it can matter
+        times = [self._cutoff(lease) for lease in self.native.values()]
         lease = self.lease
         if lease is not None:
-            if hp_ready is not None and not lease.highprio and lease.revoked_ns is None:
-                times.append(hp_ready)
-        elif not self.native and waiting and self.settings.policy != NATIVE:
-            if hp_ready is not None:
-                times.append(hp_ready)
+            times.append(self._cutoff(lease))
+            if not lease.highprio and lease.revoked_ns is None and self._hp_waiting():
+                times.append(self._hp_ready_at())
+        elif (not self.native and self.settings.policy != NATIVE
+              and any(i.waiters for i in self.instances.values())):
+            if self._hp_waiting():
+                times.append(self._hp_ready_at())
             if self.settings.policy == WEIGHTED and self._turn is not None:
                 times.append(self._turn[1])
             if self.settings.policy in RING_POLICIES:

@@ -9,6 +9,7 @@ the socket files this process bound itself.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import copy
 import grp
@@ -133,10 +134,7 @@ class Daemon:
                 self.grants_sent += 1
                 secs = eff.waited_ns / 1e9
                 self.grant_latency_sum += secs
-                for i, bound in enumerate(GRANT_LATENCY_BUCKETS):
-                    if secs <= bound:
-                        self.grant_buckets[i] += 1
-                        break
+                self.grant_buckets[bisect.bisect_left(GRANT_LATENCY_BUCKETS, secs)] += 1  # first bound >= secs
             elif isinstance(eff, Revoke):
                 conn.send({"op": "revoke", "gpu": eff.gpu, "lease": eff.lease, "reason": eff.reason})
                 self.revokes_sent += 1
