@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from libcgpu_client.boot import BOOT_DIR
-from libcgpu_client.env import GIB, EnvError, parse_env, parse_size_list
+from libcgpu_client.env import GIB, ClientEnv, EnvError, parse_env, parse_size_list
 from libcgpu_client.native import shim_path
 
 _CONTAINER = re.compile(r"(docker|containerd|crio|kubepods|libpod)", re.IGNORECASE)
@@ -124,6 +124,18 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def cpu_sharing_defaults(env: dict[str, str], parsed: ClientEnv) -> None:
+    """With the CPU as the simulated GPU, OpenMP workers wait passively unless ``env`` says otherwise.
+
+    The CPU is then time-sliced between containers, and an OpenMP runtime that spin-waits
+    (libgomp's default, a few ms after each parallel region) burns the next holder's slice
+    from a process that has just given the lease back: two ResNet-50 processes sharing
+    two cores made 115 images/s in all that way, 210 with passive waiting.
+    """
+    if parsed.device == "cpu" and not parsed.disabled:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def is_python(cmd0: str) -> bool:
     """CMD is a Python interpreter, or a script whose #! line names one."""
     if Path(cmd0).name.startswith("python"):
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         env = build_env(args, dict(os.environ))
-        parse_env(env)
+        cpu_sharing_defaults(env, parse_env(env))
     except EnvError as exc:
         print(f"cgpu-run: {flag_error(args, exc)}", file=sys.stderr)
         return 2

@@ -157,3 +157,21 @@ def test_cgpu_run_core_percent_sets_the_gpu_to_policy_3_and_caps_the_share(daemo
                                     text=True, check=True, timeout=30).stdout)
     held = doc["gpus"][0]["instances"][0]["held_seconds"]
     assert 0.25 * 4 < held < 0.35 * 4, held  # 30 % of about 4 s of wall time, start-up aside
+
+
+@pytest.mark.parametrize(("device", "preset", "expect"), [
+    ("cpu", None, "PASSIVE"),  # the CPU is time-sliced: OpenMP must not spin on the next holder's time
+    ("cpu", "ACTIVE", "ACTIVE"),  # the user's own choice wins
+    ("auto", None, "unset"),  # a real GPU's operators do not need it
+])
+def test_cgpu_run_makes_openmp_wait_passively_when_the_cpu_is_the_gpu(
+        daemon_factory: type, device: str, preset: str | None, expect: str) -> None:
+    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--identity", "declared")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["CGPU_SOCKET"] = d.sock
+    if preset is not None:
+        env["OMP_WAIT_POLICY"] = preset
+    proc = subprocess.run([tool("cgpu-run"), "--device", device, "--instance", "omp", "--",
+                           sys.executable, "-c", "import os; print(os.environ.get('OMP_WAIT_POLICY', 'unset'))"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, expect), proc.stderr
