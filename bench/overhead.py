@@ -145,7 +145,7 @@ def fast_path(sock: str) -> float:
 
 
 INTERPOSER_PROBE = r"""
-import json, sys, time, torch
+import json, resource, sys, time, torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 sys.path.insert(0, sys.argv[1])
 from bench.resnet import ResNet50
@@ -177,16 +177,22 @@ def empty(fn):
             return fn()
     return plain(run)
 
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
 def compare(fn, rounds):
     variants = (fn, lambda: plain(fn), lambda: empty(fn))
     times = ([], [], [])
+    faults = [0, 0, 0]
     for i in range(rounds):
         for k in range(3):  # the order rotates, so drift hits every variant alike
             j = (i + k) % 3
+            f = minor_faults()
             t = time.perf_counter()
             variants[j]()
             times[j].append(time.perf_counter() - t)
-    return [sorted(ts)[len(ts) // 2] for ts in times]
+            faults[j] += minor_faults() - f
+    return [sorted(ts)[len(ts) // 2] for ts in times], [round(f / rounds) for f in faults]
 
 class Count(TorchDispatchMode):
     n = 0
@@ -213,24 +219,38 @@ with torch.inference_mode():
         fn = lambda: model(x)
         for _ in range(3):
             fn()
-        on, off, bare = compare(fn, n)
+        (on, off, bare), faults = compare(fn, n)
         ops = ops_per_call(fn)
         results[name] = {"ops_per_batch": ops, "gated_ms": round(on * 1e3, 3), "plain_ms": round(off * 1e3, 3),
                          "overhead_pct": round(100 * (on - off) / off, 2),
                          "per_op_us": round((on - off) / ops * 1e6, 2),
-                         "empty_mode_pct": round(100 * (bare - off) / off, 2)}
+                         "empty_mode_pct": round(100 * (bare - off) / off, 2), "page_faults_per_batch": faults}
 print(json.dumps(results))
 """
 
 
-def interposer_overhead(sock: str, rounds: int, torch_hook: str = "dispatch", processes: int = 5) -> dict[str, Any]:
+# glibc malloc with fixed thresholds: freed tensor memory stays in the heap instead of going back to
+# the kernel and faulting in again at the next allocation (see interposer_overhead)
+STEADY_MALLOC = "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=268435456"
+
+
+def interposer_overhead(sock: str, rounds: int, torch_hook: str = "dispatch", processes: int = 5,
+                        steady_malloc: bool = True) -> dict[str, Any]:
     """The probe in ``processes`` fresh processes, one after another; per model, the process with the
-    median overhead, and every process's overhead. How much the interposer costs moves from process
-    to process here by more than it does within one (-1 % to 5 % on ResNet-50 for the same code),
-    so one process is one sample."""
+    median overhead, and every process's overhead, so one process is one sample.
+
+    With ``steady_malloc`` the probe runs with glibc's malloc thresholds fixed (``STEADY_MALLOC``).
+    With its default, self-adjusting thresholds, ResNet-50's freed activations go back to the kernel
+    and fault in again at the next batch in some processes (about 4,000-6,600 page faults a batch,
+    5-10 % of its time), in others not at all, and how many each variant takes depends on the
+    process's heap layout: the same code read -1.9 % to 9.8 % across five processes. Fixed thresholds
+    take that out of both variants alike; the table reports the faults per batch, and the figure
+    with glibc's defaults beside it."""
     # cgpu-run --device cpu sets OMP_WAIT_POLICY=PASSIVE, as it does for any program (README), so
     # the probe measures the interposer as shipped; both variants run in the same process
     env = {**os.environ, "CGPU_SOCKET": sock, "CGPU_TORCH_HOOK": torch_hook}
+    if steady_malloc:
+        env["GLIBC_TUNABLES"] = STEADY_MALLOC
     runs: list[dict[str, Any]] = []
     for _ in range(processes):
         proc = subprocess.run([tool("cgpu-run"), "--device", "cpu", "--instance", "overhead", "--gpus", "1", "--",
@@ -243,7 +263,8 @@ def interposer_overhead(sock: str, rounds: int, torch_hook: str = "dispatch", pr
     for name in runs[0]:
         ordered = sorted((r[name] for r in runs), key=lambda r: r["overhead_pct"])
         result[name] = {**ordered[len(ordered) // 2], "processes_pct": [r[name]["overhead_pct"] for r in runs],
-                        "empty_mode_processes_pct": [r[name]["empty_mode_pct"] for r in runs]}
+                        "empty_mode_processes_pct": [r[name]["empty_mode_pct"] for r in runs],
+                        "glibc_tunables": env.get("GLIBC_TUNABLES", "")}
     return result
 
 
@@ -388,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     p.add_argument("--torch-hook", choices=["module", "dispatch"], default="dispatch",
                    help="with --only interposer: which hook (CGPU_TORCH_HOOK; default dispatch)")
+    p.add_argument("--malloc", choices=["steady", "default"], default="steady",
+                   help="with --only interposer: glibc malloc thresholds fixed (default) or glibc's own")
     p.add_argument("--only", choices=["interposer", "grant"], help="run only this part (no RESULTS.md)")
     p.add_argument("--realtime-priority", type=int, default=10, metavar="N",
                    help="the daemon's realtime_priority, as the shipped config sets it (default 10; 0: normal)")
@@ -397,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     sched = describe(daemon.pid)
     try:
         if args.only == "interposer":
-            print(json.dumps(interposer_overhead(sock, args.rounds, args.torch_hook, args.processes), indent=2))
+            print(json.dumps(interposer_overhead(sock, args.rounds, args.torch_hook, args.processes,
+                                                 args.malloc == "steady"), indent=2))
             return 0
         if args.only == "grant":
             print(json.dumps({"python": grant_round_trip(sock, args.seconds),
@@ -407,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         fast = fast_path(sock)
         interp = interposer_overhead(sock, args.rounds, "dispatch", args.processes)
         interp_module = interposer_overhead(sock, args.rounds, "module", args.processes)
+        interp_untuned = interposer_overhead(sock, args.rounds, "dispatch", args.processes, steady_malloc=False)
         native = native_overhead(sock, args.seconds, args.runs)
     finally:
         daemon.terminate()
@@ -414,22 +439,26 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     normal = normal_priority_grants(args.seconds) if native is not None and sched != "normal" else None
     doc = {"daemon_scheduling": sched, "grant_round_trip": grants, "fastpath_ns": round(fast, 1),
-           "interposer": interp, "interposer_module_hooks": interp_module, "native": native,
+           "interposer": interp, "interposer_module_hooks": interp_module,
+           "interposer_glibc_default_malloc": interp_untuned, "native": native,
            "grant_round_trip_c_64_normal_priority": normal}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(f"daemon scheduling: {sched}")
+        interposer_rows = (("dispatch", interp), ("module", interp_module),
+                           ("dispatch, glibc malloc defaults", interp_untuned))
         print(f"{'clients':>8} {'grant p50 us':>13} {'grant p99 us':>13} {'samples':>8}")
         for n, g in grants.items():
             print(f"{n:>8} {g['p50_us']:>13} {g['p99_us']:>13} {g['samples']:>8}")
         print(f"gate fast path: {fast:.1f} ns per check")
-        for hook, res in (("dispatch", interp), ("module", interp_module)):
+        for hook, res in interposer_rows:
             for name, r in res.items():
                 print(f"interposer ({hook}) on {name}: {r['gated_ms']} ms vs {r['plain_ms']} ms per batch, "
                       f"{r['overhead_pct']} % ({r['ops_per_batch']} ops, {r['per_op_us']} us per op; "
                       f"processes {', '.join(map(str, r['processes_pct']))} %; an empty dispatch mode "
-                      f"{', '.join(map(str, r['empty_mode_processes_pct']))} %)")
+                      f"{', '.join(map(str, r['empty_mode_processes_pct']))} %; page faults per batch "
+                      f"on/off/empty {'/'.join(map(str, r['page_faults_per_batch']))})")
         if native is not None:
             print(f"libcgpu.so fast path: {native['fastpath_ns']} ns per launch "
                   f"({native['launch_ns_shim']} with the shim, {native['launch_ns_plain']} without)")
@@ -456,17 +485,25 @@ def main(argv: list[str] | None = None) -> int:
                 "| ---: | ---: | ---: | ---: |"]
         body += [f"| {n} | {g['p50_us']} us | {g['p99_us']} us | {g['samples']} |" for n, g in grants.items()]
         body += ["", f"Gate fast path: {fast:.1f} ns per check (target 1 us).", "",
-                 "| interposer hook | on | ops/batch | gated ms | plain ms | overhead (median) | per op "
-                 "| each process | empty dispatch mode, each process |",
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-        body += [f"| {hook} | {name} | {r['ops_per_batch']} | {r['gated_ms']} | {r['plain_ms']} | "
+                 "| interposer hook | malloc | on | ops/batch | gated ms | plain ms | overhead (median) | per op "
+                 "| each process | empty dispatch mode, each process | page faults per batch, on / off / empty |",
+                 "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+        body += [f"| {hook} | {malloc} | {name} | {r['ops_per_batch']} | {r['gated_ms']} | {r['plain_ms']} | "
                  f"{r['overhead_pct']} % | {r['per_op_us']} us | {', '.join(map(str, r['processes_pct']))} % | "
-                 f"{', '.join(map(str, r['empty_mode_processes_pct']))} % |"
-                 for hook, res in (("dispatch (default)", interp), ("module (opt-in)", interp_module))
+                 f"{', '.join(map(str, r['empty_mode_processes_pct']))} % | "
+                 f"{' / '.join(map(str, r['page_faults_per_batch']))} |"
+                 for hook, malloc, res in (("dispatch (default)", "steady", interp),
+                                           ("module (opt-in)", "steady", interp_module),
+                                           ("dispatch (default)", "glibc defaults", interp_untuned))
                  for name, r in res.items()]
         body += ["", f"Each figure is the median of {args.processes} fresh processes under `cgpu-run --device cpu` "
                  "(which sets `OMP_WAIT_POLICY=PASSIVE`), 2 torch threads, inference; per process the median "
-                 f"of {args.rounds} ResNet-50 batches per variant, the variants interleaved."]
+                 f"of {args.rounds} ResNet-50 batches per variant, the variants interleaved. \"steady\": glibc "
+                 f"malloc's thresholds fixed (`GLIBC_TUNABLES={STEADY_MALLOC}`), so freed activations stay in "
+                 "the heap; with glibc's self-adjusting defaults some processes hand them back to the kernel "
+                 "and fault them in again every batch, which moves a process's figure by several per cent "
+                 "either way (the last row; page faults of the median process). The summary line gives the "
+                 "steady default-hook figure."]
         if native is not None:
             body += ["", f"libcgpu.so fast path: {native['fastpath_ns']} ns per launch (target 100 ns): "
                      f"{native['launch_ns_shim']} ns per empty-kernel launch with the shim holding a lease, "
