@@ -45,7 +45,6 @@ and intermediate tensors that a module creates and drops are not reserved.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
@@ -194,9 +193,11 @@ class CgpuMode(TorchDispatchMode):
     def _freed(self, held: _Held) -> None:
         if self._live.get(held.ptr) is held:
             del self._live[held.ptr]
-            # while the process exits the connection may be gone: the daemon frees on disconnect
-            with contextlib.suppress(ConnectionError, OSError):
+            # try/except, not contextlib.suppress (0.3 us more): this runs for every tracked tensor
+            try:  # noqa: SIM105
                 self.rt.unreserve(0, held.nbytes)
+            except (ConnectionError, OSError):
+                pass  # while the process exits the connection may be gone: the daemon frees on disconnect
 
 
 class _Held(weakref.ref):  # type: ignore[type-arg]
