@@ -32,8 +32,10 @@
 * **Floor**: a bare round trip of one small message between two C processes
   over a UNIX stream socket, paced every 5 ms like the clients
   (``bench/native/pingpong.c``): what this machine's wake-ups cost with no
-  daemon at all; and the same to an echo server on the daemon's event loop
-  (uvloop) that does nothing else, the floor a Python daemon starts from.
+  daemon at all; the same to an echo server on the daemon's event loop
+  (uvloop) that does nothing else, the floor a Python daemon starts from; and
+  the 64 C clients against a server on that loop, at the daemon's priority,
+  that grants every acquire at once (the protocol with no scheduler behind it).
 
 The daemon runs as the shipped config runs it, under ``SCHED_FIFO`` priority 10
 (``--realtime-priority``; the table says what it got), and the 64-client C round
@@ -62,9 +64,10 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from arbiterd.server.cpu import describe
+from arbiterd.server.cpu import apply_realtime, describe
 from bench import results
 from bench.common import ROOT, tool
+from libcgpu_client import wire
 from libcgpu_client.aio import AsyncClient
 from libcgpu_client.client import Client, wait_for_socket
 from libcgpu_client.gate import Gate
@@ -268,7 +271,7 @@ def interposer_overhead(sock: str, rounds: int, torch_hook: str = "dispatch", pr
     return result
 
 
-def native_overhead(sock: str, seconds: float, runs: int = 3) -> dict[str, Any] | None:
+def native_overhead(sock: str, seconds: float, runs: int = 3, realtime_priority: int = 0) -> dict[str, Any] | None:
     """libcgpu.so's fast path per launch and the grant round trip from C; None without gcc."""
     from libcgpu_client.native import build as nb
     from libcgpu_client.native import shim_path
@@ -295,7 +298,7 @@ def native_overhead(sock: str, seconds: float, runs: int = 3) -> dict[str, Any] 
     plain, gated = per_launch(base), per_launch(shimmed)
     shutil.rmtree(out, ignore_errors=True)
     return {"launch_ns_plain": plain, "launch_ns_shim": gated, "fastpath_ns": round(gated - plain, 1),
-            **native_grants(sock, seconds, runs)}
+            **native_grants(sock, seconds, runs, realtime_priority)}
 
 
 def run_rtt(cmd: list[str], seconds: float) -> dict[str, Any]:
@@ -305,7 +308,7 @@ def run_rtt(cmd: list[str], seconds: float) -> dict[str, Any]:
     return {"p50_us": float(kv["p50_us"]), "p99_us": float(kv["p99_us"]), "samples": int(kv["samples"])}
 
 
-def native_grants(sock: str, seconds: float, runs: int = 3) -> dict[str, Any]:
+def native_grants(sock: str, seconds: float, runs: int = 3, realtime_priority: int = 0) -> dict[str, Any]:
     """The grant round trip from C clients, and the floor: a bare socket round trip between two
     C processes, paced like the clients (every 5 ms), with no daemon in between.
 
@@ -333,8 +336,19 @@ def native_grants(sock: str, seconds: float, runs: int = 3) -> dict[str, Any]:
     finally:
         echo.terminate()
         echo.wait(10)
+    answer_sock = str(out / "answer.sock")
+    answer = subprocess.Popen([sys.executable, "-c", "from bench.overhead import _answer_server; "
+                               f"_answer_server({answer_sock!r}, {realtime_priority})"], cwd=ROOT)
+    try:
+        if not wait_for_socket(answer_sock, 15):
+            raise RuntimeError("the answering server did not start")
+        floor_protocol = run_rtt([str(rtt), answer_sock, "64", str(seconds)], seconds)
+    finally:
+        answer.terminate()
+        answer.wait(10)
     shutil.rmtree(out, ignore_errors=True)
-    return {"grant_round_trip_c": grants, "socket_round_trip_floor": floor, "event_loop_floor": floor_loop}
+    return {"grant_round_trip_c": grants, "socket_round_trip_floor": floor, "event_loop_floor": floor_loop,
+            "protocol_floor_64": floor_protocol}
 
 
 def _echo_server(path: str) -> None:
@@ -351,6 +365,45 @@ def _echo_server(path: str) -> None:
 
     async def serve() -> None:
         server = await asyncio.get_running_loop().create_unix_server(Echo, path)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(serve())
+
+
+def _answer_server(path: str, realtime_priority: int) -> None:
+    """The protocol with no daemon behind it: on the daemon's event loop and at its priority, it
+    welcomes, registers and grants every acquire at once, and ignores everything else. Its round
+    trip at 64 clients is the part of the daemon's figure that is not the daemon's own work."""
+    import msgpack
+    import uvloop
+
+    apply_realtime(realtime_priority)
+    welcome = wire.pack({"op": "welcome", "version": wire.PROTOCOL_VERSION, "server": "answer",
+                         "max_message": wire.MAX_MESSAGE, "clock": "CLOCK_MONOTONIC"})
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+            self.unpacker = msgpack.Unpacker(raw=False)
+            self.leases = 0
+
+        def data_received(self, data: bytes) -> None:
+            self.unpacker.feed(data)
+            for msg in self.unpacker:
+                op = msg.get("op")
+                if op == "acquire":
+                    self.leases += 1
+                    self.transport.write(wire.pack({"op": "grant", "gpu": msg["gpu"], "lease": self.leases,
+                                                    "deadline_ns": time.monotonic_ns() + 10**9}))
+                elif op == "hello":
+                    self.transport.write(welcome)
+                elif op == "register":
+                    self.transport.write(wire.pack({"op": "registered", "re": msg["id"], "instance": "answer",
+                                                    "gpus": [], "warnings": []}))
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_unix_server(Answer, path)
         async with server:
             await server.serve_forever()
 
@@ -425,14 +478,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.only == "grant":
             print(json.dumps({"python": grant_round_trip(sock, args.seconds),
-                              "c": native_grants(sock, args.seconds, args.runs)}, indent=2))
+                              "c": native_grants(sock, args.seconds, args.runs, args.realtime_priority)},
+                             indent=2))
             return 0
         grants = grant_round_trip(sock, args.seconds)
         fast = fast_path(sock)
         interp = interposer_overhead(sock, args.rounds, "dispatch", args.processes)
         interp_module = interposer_overhead(sock, args.rounds, "module", args.processes)
         interp_untuned = interposer_overhead(sock, args.rounds, "dispatch", args.processes, steady_malloc=False)
-        native = native_overhead(sock, args.seconds, args.runs)
+        native = native_overhead(sock, args.seconds, args.runs, args.realtime_priority)
     finally:
         daemon.terminate()
         daemon.wait(10)
@@ -470,9 +524,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"the same, 64 clients, daemon at normal priority: p50 {normal['p50_us']} us, "
                       f"p99 {normal['p99_us']} us")
             f, e = native["socket_round_trip_floor"], native["event_loop_floor"]
+            a = native["protocol_floor_64"]
             print(f"floor, a bare socket round trip between two C processes: p50 {f['p50_us']} us, "
                   f"p99 {f['p99_us']} us; to an echo server on Python's event loop: p50 {e['p50_us']} us, "
-                  f"p99 {e['p99_us']} us")
+                  f"p99 {e['p99_us']} us; 64 C clients against a server that grants at once and does "
+                  f"nothing else: p50 {a['p50_us']} us, p99 {a['p99_us']} us")
     # one thread per client, as 64 containers would be; the Python figure is bounded by the two load
     # processes' own event loops (32 clients each), and stays in the tables
     g64 = native["grant_round_trip_c"]["64"] if native is not None else grants["64"]
@@ -523,7 +579,11 @@ def main(argv: list[str] | None = None) -> int:
             body += ["", f"Floor: a bare round trip of one small message between two C processes over a UNIX "
                      f"socket, paced like the clients, no daemon: p50 {f['p50_us']} us, p99 {f['p99_us']} us "
                      f"({f['samples']} samples). The same from C to an echo server on the daemon's event loop "
-                     f"(uvloop, Python, nothing else): p50 {e['p50_us']} us, p99 {e['p99_us']} us."]
+                     f"(uvloop, Python, nothing else): p50 {e['p50_us']} us, p99 {e['p99_us']} us. The 64 C "
+                     f"clients against a server on the same event loop and priority that grants every acquire "
+                     f"at once and does nothing else (no scheduler, no accounting): p50 "
+                     f"{native['protocol_floor_64']['p50_us']} us, p99 {native['protocol_floor_64']['p99_us']} us; "
+                     "the rest of the daemon's figure is its own work."]
         cmd = "python -m bench.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
         results.update("overhead", cmd.strip(), "\n".join(body) + f"\n\n{line}\n")
     print(line)

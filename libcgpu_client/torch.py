@@ -24,16 +24,16 @@ for the simulated CPU device.
 The cheaper hook: modules (opt-in)
 ----------------------------------
 A ``TorchDispatchMode`` sends every operator through Python, which costs a
-few microseconds each (2.8-3.7 % of ResNet-50 at 64x64, batch 16, across
-benchmark processes on two cores, no more than an empty dispatch mode costs there).
+few microseconds each (2.8-5.3 % of ResNet-50 at 64x64, batch 16, across
+benchmark processes on two cores, about what an empty dispatch mode costs there).
 ``CGPU_TORCH_HOOK=module`` makes :class:`ModuleGate` gate the CPU as simulated
 GPU at ``nn.Module`` calls instead, through PyTorch's global module hooks: the
 gate is checked before every module call (leaves included), the idle thread
 never releases the lease while a module runs, each module's output is
 reserved against the memory ledger, and while a module runs the dispatch mode
-is taken off, so operators inside modules skip Python (0.0-0.7 % on
-ResNet-50 across benchmark processes, median 0.46 % in the committed run,
-against 2.8-3.7 % for the dispatch mode in the same run).
+is taken off, so operators inside modules skip Python (0.0-1.5 % on
+ResNet-50 across benchmark processes in two runs, against 2.8-5.3 % for the
+dispatch mode in the same runs).
 Operators outside any module still go through the dispatch mode.
 Shares hold under it (1 ms matmuls inside a module, 5 ms slices, weights 1:2:
 1.985-2.025 over five runs, and a test). It is not the default because it
