@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance", metavar="ID", help="instance id to declare (processes outside containers; "
                    "default run-<pid of cgpu-run>)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"],
-                   help="cpu: the CPU acts as the simulated GPU, its operators are gated (default auto)")
+                   help="cpu: the CPU acts as the simulated GPU, its operators are gated, and OpenMP waits "
+                        "passively (OMP_WAIT_POLICY=PASSIVE unless set) (default auto)")
     p.add_argument("--socket", metavar="PATH", help="arbiter.sock (default /run/cgpu/arbiter.sock)")
     p.add_argument("--on-daemon-loss", choices=["wait", "run"],
                    help="while arbiterd is unreachable: wait (default) or run unchecked")
