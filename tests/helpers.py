@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -78,6 +79,12 @@ class DaemonProc:
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([tool("cgpuctl"), "--admin", self.admin, *args], capture_output=True,
                               text=True, timeout=30)
+
+    def smi_json(self) -> dict[str, Any]:
+        """``cgpu-smi --json`` against this daemon, parsed."""
+        out = subprocess.run([tool("cgpu-smi"), "--admin", self.admin, "--json"], capture_output=True,
+                             text=True, check=True, timeout=30).stdout
+        return json.loads(out)  # type: ignore[no-any-return]
 
 
 def _accepts(path: str) -> bool:

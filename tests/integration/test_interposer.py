@@ -153,8 +153,7 @@ def test_cgpu_run_core_percent_sets_the_gpu_to_policy_3_and_caps_the_share(daemo
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert [d.ctl("cat", p).stdout.strip() for p in ("0/policy", "0/max_inst", "0/pct/weight")] == ["3", "20", "6"]
-    doc = json.loads(subprocess.run([tool("cgpu-smi"), "--admin", d.admin, "--json"], capture_output=True,
-                                    text=True, check=True, timeout=30).stdout)
+    doc = d.smi_json()
     held = doc["gpus"][0]["instances"][0]["held_seconds"]
     assert 0.25 * 4 < held < 0.35 * 4, held  # 30 % of about 4 s of wall time, start-up aside
 

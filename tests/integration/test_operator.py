@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
@@ -20,14 +19,8 @@ from tests.helpers import ROOT, DaemonProc, tool
 GIB = 1024**3
 
 
-def smi_json(d: DaemonProc) -> dict[str, object]:
-    out = subprocess.run([tool("cgpu-smi"), "--admin", d.admin, "--json"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    return json.loads(out)  # type: ignore[no-any-return]
-
-
 def held(d: DaemonProc) -> dict[str, float]:
-    doc = smi_json(d)
+    doc = d.smi_json()
     return {i["id"]: i["held_seconds"] for g in doc["gpus"] for i in g["instances"]}  # type: ignore[index,union-attr]
 
 
@@ -144,7 +137,7 @@ def test_corrupted_state_file_is_set_aside_and_reported(daemon_factory: type) ->
     (d.state_dir / "state.json").write_text("{not json")
     d.start()
     assert d.ctl("cat", "0/policy").stdout == "1\n"  # defaults
-    problem = smi_json(d)["state_problem"]
+    problem = d.smi_json()["state_problem"]
     assert isinstance(problem, str) and "moved to" in problem
     assert list(d.state_dir.glob("state.json.bad-*"))
     assert "STATE FILE PROBLEM" in d.read_log()

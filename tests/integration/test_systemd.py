@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -248,7 +247,7 @@ def test_realtime_priority_runs_the_daemon_under_sched_fifo_or_says_why_not(daem
         warnings = [line for line in d.read_log().splitlines() if "realtime_priority 3" in line]
         assert len(warnings) == 1 and " WARNING " in warnings[0] and "normal priority" in warnings[0], warnings
         assert RawClient(d.sock).hello_register("a")["op"] == "registered"
-        assert _smi_json(d)["scheduling"] == "normal"
+        assert d.smi_json()["scheduling"] == "normal"
         d.stop()
     d = daemon_factory.start("--sim-gpus", "1x1GiB", "--realtime-priority", "3", sub="rt")
     log = d.read_log()
@@ -259,10 +258,4 @@ def test_realtime_priority_runs_the_daemon_under_sched_fifo_or_says_why_not(daem
     assert os.sched_getparam(d.proc.pid).sched_priority == 3
     assert "scheduling: SCHED_FIFO priority 3 (realtime_priority)" in log
     assert RawClient(d.sock).hello_register("a")["op"] == "registered"
-    assert _smi_json(d)["scheduling"] == "SCHED_FIFO 3"
-
-
-def _smi_json(d: object) -> dict[str, object]:
-    out = subprocess.run([tool("cgpu-smi"), "--admin", d.admin, "--json"],  # type: ignore[attr-defined]
-                         capture_output=True, text=True, check=True, timeout=30)
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    assert d.smi_json()["scheduling"] == "SCHED_FIFO 3"
