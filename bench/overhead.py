@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -326,35 +327,44 @@ def native_grants(sock: str, seconds: float, runs: int = 3, realtime_priority: i
     median = sorted(each, key=lambda r: r["p50_us"])[len(each) // 2]
     grants["64"] = {**median, "runs": [[r["p50_us"], r["p99_us"]] for r in each]}
     floor = run_rtt([str(pingpong), str(seconds)], seconds)
-    echo_sock = str(out / "echo.sock")
-    echo = subprocess.Popen([sys.executable, "-c",
-                             f"from bench.overhead import _echo_server; _echo_server({echo_sock!r})"], cwd=ROOT)
-    try:
-        if not wait_for_socket(echo_sock, 15):
-            raise RuntimeError("the echo server did not start")
-        floor_loop = run_rtt([str(pingpong), str(seconds), echo_sock], seconds)
-    finally:
-        echo.terminate()
-        echo.wait(10)
-    answer_sock = str(out / "answer.sock")
-    answer = subprocess.Popen([sys.executable, "-c", "from bench.overhead import _answer_server; "
-                               f"_answer_server({answer_sock!r}, {realtime_priority})"], cwd=ROOT)
-    try:
-        if not wait_for_socket(answer_sock, 15):
-            raise RuntimeError("the answering server did not start")
-        floor_protocol = run_rtt([str(rtt), answer_sock, "64", str(seconds)], seconds)
-    finally:
-        answer.terminate()
-        answer.wait(10)
+    echo_sock, answer_sock = str(out / "echo.sock"), str(out / "answer.sock")
+    floor_loop = _against("_echo_server", (echo_sock,), [str(pingpong), str(seconds), echo_sock], seconds)
+    floor_protocol = _against("_answer_server", (answer_sock, realtime_priority),
+                              [str(rtt), answer_sock, "64", str(seconds)], seconds)
     shutil.rmtree(out, ignore_errors=True)
     return {"grant_round_trip_c": grants, "socket_round_trip_floor": floor, "event_loop_floor": floor_loop,
             "protocol_floor_64": floor_protocol}
 
 
+def _against(server: str, args: tuple[Any, ...], cmd: list[str], seconds: float) -> dict[str, Any]:
+    """Start ``server(*args)``, a server of this module whose first argument is its socket, in a
+    process of its own; measure ``cmd`` against it with :func:`run_rtt`; stop it."""
+    call = f"from bench.overhead import {server}; {server}{args!r}"
+    server_proc = subprocess.Popen([sys.executable, "-c", call], cwd=ROOT)
+    try:
+        if not wait_for_socket(args[0], 15):
+            raise RuntimeError(f"{server} did not start")
+        return run_rtt(cmd, seconds)
+    finally:
+        server_proc.terminate()
+        server_proc.wait(10)
+
+
+def _serve_unix(path: str, protocol: Callable[[], asyncio.Protocol]) -> None:
+    """Serve ``protocol`` on a UNIX socket at ``path`` on uvloop, the daemon's event loop, for ever."""
+    import uvloop
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_unix_server(protocol, path)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(serve())
+
+
 def _echo_server(path: str) -> None:
     """An echo server on the daemon's event loop (uvloop), doing nothing else: the floor a Python
     daemon starts from."""
-    import uvloop
 
     class Echo(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -363,12 +373,7 @@ def _echo_server(path: str) -> None:
         def data_received(self, data: bytes) -> None:
             self.transport.write(data)
 
-    async def serve() -> None:
-        server = await asyncio.get_running_loop().create_unix_server(Echo, path)
-        async with server:
-            await server.serve_forever()
-
-    uvloop.run(serve())
+    _serve_unix(path, Echo)
 
 
 def _answer_server(path: str, realtime_priority: int) -> None:
@@ -376,7 +381,6 @@ def _answer_server(path: str, realtime_priority: int) -> None:
     welcomes, registers and grants every acquire at once, and ignores everything else. Its round
     trip at 64 clients is the part of the daemon's figure that is not the daemon's own work."""
     import msgpack
-    import uvloop
 
     apply_realtime(realtime_priority)
     welcome = wire.pack({"op": "welcome", "version": wire.PROTOCOL_VERSION, "server": "answer",
@@ -402,12 +406,7 @@ def _answer_server(path: str, realtime_priority: int) -> None:
                     self.transport.write(wire.pack({"op": "registered", "re": msg["id"], "instance": "answer",
                                                     "gpus": [], "warnings": []}))
 
-    async def serve() -> None:
-        server = await asyncio.get_running_loop().create_unix_server(Answer, path)
-        async with server:
-            await server.serve_forever()
-
-    uvloop.run(serve())
+    _serve_unix(path, Answer)
 
 
 def start_daemon(tmp: Path, realtime_priority: int) -> tuple[subprocess.Popen[bytes], str, str]:
