@@ -11,14 +11,16 @@
 * **Interposer overhead**, % against no interposer, on a small MLP and on
   ResNet-50 (64x64 images, batch 16, inference), in a process under
   ``cgpu-run --device cpu``: batches alternate between the interposer on and
-  off (its dispatch mode disabled and its module hooks removed), so machine
+  off (its dispatch mode disabled and its layer or module hooks removed, outside
+  the timed region), so machine
   noise hits both alike. The figure moves more from one process to the next
   than within one, so five fresh processes measure it (``--processes``) and
   the median is reported, with each one's figure. A third variant runs under
   an empty ``TorchDispatchMode`` (no gate, no accounting): the floor of any
-  per-operator Python interposer. Measured for the default per-operator dispatch mode
-  and for the opt-in module hooks (``CGPU_TORCH_HOOK=module``); the summary
-  line gives the default.
+  per-operator Python interposer. Measured for the default hook (the dispatch
+  mode with built-in single-operator layers gated at their call), for every
+  operator through the mode (``CGPU_TORCH_HOOK=operator``) and for the opt-in
+  module hooks (``CGPU_TORCH_HOOK=module``); the summary line gives the default.
 
 * **Native shim** (libcgpu.so against the fake CUDA driver): the fast path per
   launch, ns (an empty kernel launched 2 M times with the shim preloaded and a
@@ -149,23 +151,24 @@ def fast_path(sock: str) -> float:
 
 
 INTERPOSER_PROBE = r"""
-import json, resource, sys, time, torch
+import contextlib, json, resource, sys, time, torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 sys.path.insert(0, sys.argv[1])
 from bench.resnet import ResNet50
 import libcgpu_client.torch as cg
 assert cg._installed is not None, "interposer not active"
-hook = cg._installed.module_gate  # None with CGPU_TORCH_HOOK=dispatch
+hook = cg._installed.module_gate or cg._installed.layer_gate  # the hook besides the dispatch mode, if any
 torch.set_num_threads(2)
 rounds = int(sys.argv[2])
 
-def plain(fn):
-    # no interposer at all: dispatch mode off and the module hooks removed
+@contextlib.contextmanager
+def plain():
+    # no interposer at all: dispatch mode off and the hook besides it removed
     if hook is not None:
         hook.remove()
     try:
         with _disable_current_modes():
-            return fn()
+            yield
     finally:
         if hook is not None:
             hook.install()
@@ -175,27 +178,28 @@ class Empty(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
-def empty(fn):
-    def run():
-        with Empty():
-            return fn()
-    return plain(run)
+@contextlib.contextmanager
+def empty():
+    with plain(), Empty():
+        yield
 
 def minor_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 def compare(fn, rounds):
-    variants = (fn, lambda: plain(fn), lambda: empty(fn))
+    # each variant is set up before its clock starts and taken down after it stops
+    variants = (contextlib.nullcontext, plain, empty)
     times = ([], [], [])
     faults = [0, 0, 0]
     for i in range(rounds):
         for k in range(3):  # the order rotates, so drift hits every variant alike
             j = (i + k) % 3
-            f = minor_faults()
-            t = time.perf_counter()
-            variants[j]()
-            times[j].append(time.perf_counter() - t)
-            faults[j] += minor_faults() - f
+            with variants[j]():
+                f = minor_faults()
+                t = time.perf_counter()
+                fn()
+                times[j].append(time.perf_counter() - t)
+                faults[j] += minor_faults() - f
     return [sorted(ts)[len(ts) // 2] for ts in times], [round(f / rounds) for f in faults]
 
 class Count(TorchDispatchMode):
@@ -205,11 +209,9 @@ class Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 def ops_per_call(fn):
-    def counted():
-        Count.n = 0
-        with Count():
-            fn()
-    plain(counted)
+    Count.n = 0
+    with plain(), Count():
+        fn()
     return Count.n
 
 results = {}
@@ -459,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3,
                    help="runs of the 64-client C grant level; the run with the median p50 is reported (default 3)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
-    p.add_argument("--torch-hook", choices=["module", "dispatch"], default="dispatch",
+    p.add_argument("--torch-hook", choices=["dispatch", "operator", "module"], default="dispatch",
                    help="with --only interposer: which hook (CGPU_TORCH_HOOK; default dispatch)")
     p.add_argument("--malloc", choices=["steady", "default"], default="steady",
                    help="with --only interposer: glibc malloc thresholds fixed (default) or glibc's own")
@@ -483,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         grants = grant_round_trip(sock, args.seconds)
         fast = fast_path(sock)
         interp = interposer_overhead(sock, args.rounds, "dispatch", args.processes)
+        interp_operator = interposer_overhead(sock, args.rounds, "operator", args.processes)
         interp_module = interposer_overhead(sock, args.rounds, "module", args.processes)
         interp_untuned = interposer_overhead(sock, args.rounds, "dispatch", args.processes, steady_malloc=False)
         native = native_overhead(sock, args.seconds, args.runs, args.realtime_priority)
@@ -492,14 +495,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     normal = normal_priority_grants(args.seconds) if native is not None and sched != "normal" else None
     doc = {"daemon_scheduling": sched, "grant_round_trip": grants, "fastpath_ns": round(fast, 1),
-           "interposer": interp, "interposer_module_hooks": interp_module,
+           "interposer": interp, "interposer_per_operator": interp_operator,
+           "interposer_module_hooks": interp_module,
            "interposer_glibc_default_malloc": interp_untuned, "native": native,
            "grant_round_trip_c_64_normal_priority": normal}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(f"daemon scheduling: {sched}")
-        interposer_rows = (("dispatch", interp), ("module", interp_module),
+        interposer_rows = (("dispatch", interp), ("operator", interp_operator), ("module", interp_module),
                            ("dispatch, glibc malloc defaults", interp_untuned))
         print(f"{'clients':>8} {'grant p50 us':>13} {'grant p99 us':>13} {'samples':>8}")
         for n, g in grants.items():
@@ -548,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{', '.join(map(str, r['empty_mode_processes_pct']))} % | "
                  f"{' / '.join(map(str, r['page_faults_per_batch']))} |"
                  for hook, malloc, res in (("dispatch (default)", "steady", interp),
+                                           ("operator", "steady", interp_operator),
                                            ("module (opt-in)", "steady", interp_module),
                                            ("dispatch (default)", "glibc defaults", interp_untuned))
                  for name, r in res.items()]
@@ -557,8 +562,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"malloc's thresholds fixed (`GLIBC_TUNABLES={STEADY_MALLOC}`), so freed activations stay in "
                  "the heap; with glibc's self-adjusting defaults some processes hand them back to the kernel "
                  "and fault them in again every batch, which moves a process's figure by several per cent "
-                 "either way (the last row; page faults of the median process). The summary line gives the "
-                 "steady default-hook figure."]
+                 "either way (the last row; page faults of the median process). Hooks: \"dispatch\" (the "
+                 "default) is the `TorchDispatchMode` with built-in single-operator layers (ResNet-50's "
+                 "convolutions, batch norms, ReLUs, pools and classifier) gated at their call and their "
+                 "operators kept out of Python, the rest through the mode; \"operator\" "
+                 "(`CGPU_TORCH_HOOK=operator`) sends every operator through the mode; \"module\" gates at "
+                 "module calls. The summary line gives the steady default-hook figure."]
         if native is not None:
             body += ["", f"libcgpu.so fast path: {native['fastpath_ns']} ns per launch (target 100 ns): "
                      f"{native['launch_ns_shim']} ns per empty-kernel launch with the shim holding a lease, "

@@ -19,7 +19,7 @@ variable, the bad value and what was expected. Nothing falls back silently.
 | CGPU_IDLE_MS | give an unused lease back after this many ms (default 3) |
 | CGPU_DEVICE | auto (default), cuda, or cpu (the CPU acts as the simulated GPU) |
 | CGPU_NATIVE | 1 when libcgpu.so is preloaded and enforces CUDA itself |
-| CGPU_TORCH_HOOK | dispatch (default) or module: how the CPU-as-GPU gates PyTorch |
+| CGPU_TORCH_HOOK | dispatch (default), operator or module: how the CPU-as-GPU gates PyTorch |
 | CGPU_MEM_LIMIT | cgpu extension: limit per card as a size (``600MiB``, ``1GiB,2GiB``); |
 |                | it wins over ALIYUN_COM_GPU_MEM_CONTAINER |
 """
@@ -191,8 +191,8 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
         raise _bad("CGPU_DEVICE", device, "auto, cuda or cpu")
     native = parse_bool("CGPU_NATIVE", v) if (v := get("CGPU_NATIVE")) else False
     torch_hook = (get("CGPU_TORCH_HOOK") or "dispatch").strip().lower()
-    if torch_hook not in ("module", "dispatch"):
-        raise _bad("CGPU_TORCH_HOOK", torch_hook, "module or dispatch")
+    if torch_hook not in ("dispatch", "operator", "module"):
+        raise _bad("CGPU_TORCH_HOOK", torch_hook, "dispatch, operator or module")
     sock = get("CGPU_SOCKET") or DEFAULT_SOCKET
     if "\0" in sock or len(sock) > 107:
         raise _bad("CGPU_SOCKET", sock, "a UNIX socket path of at most 107 bytes")

@@ -39,13 +39,19 @@ def test_cgpu_mem_limit_takes_sizes() -> None:
     ("ALIYUN_COM_GPU_HIGH_PRIO", "2"), ("CGPU_ON_DAEMON_LOSS", "panic"), ("CGPU_INSTANCE", "../etc"),
     ("CGPU_IDLE_MS", "fast"), ("CGPU_DEVICE", "tpu"), ("CGPU_MEM_LIMIT", "lots"),
     ("CGPU_CORE_PERCENT", "33"), ("CGPU_CORE_PERCENT", "0"), ("CGPU_CORE_PERCENT", "105"),
-    ("CGPU_CORE_PERCENT", "30%"), ("CGPU_CORE_PERCENT", "2.5"),
+    ("CGPU_CORE_PERCENT", "30%"), ("CGPU_CORE_PERCENT", "2.5"), ("CGPU_TORCH_HOOK", "layers"),
 ])
 def test_malformed_values_name_the_variable_the_value_and_the_expectation(name: str, value: str) -> None:
     with pytest.raises(EnvError) as exc:
         parse_env({name: value})
     msg = str(exc.value)
     assert name in msg and repr(value) in msg and "expected" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("hook", ["dispatch", "operator", "module"])
+def test_torch_hook_values(hook: str) -> None:
+    assert parse_env({"CGPU_TORCH_HOOK": hook}).torch_hook == hook
+    assert parse_env({}).torch_hook == "dispatch"
 
 
 def test_memory_over_the_card_is_refused() -> None:

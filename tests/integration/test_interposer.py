@@ -41,10 +41,10 @@ def window(paths: list[Path]) -> tuple[int, int]:
 
 
 def run_pair(d: DaemonProc, tmp: Path, seconds: float, size: int,
-             hook: str = "dispatch") -> tuple[float, float, float]:
+             hook: str = "dispatch", mode: str = "") -> tuple[float, float, float]:
     outs = [tmp / "a.json", tmp / "b.json"]
     procs = [cgpu_run(d, "--instance", name, "--weight", str(w), script="torch_loop.py",
-                      args=[str(seconds), str(size), str(out), *(["module"] if hook == "module" else [])],
+                      args=[str(seconds), str(size), str(out), *([mode] if mode else [])],
                       env={"CGPU_TORCH_HOOK": hook})
              for name, w, out in (("A", 1, outs[0]), ("B", 2, outs[1]))]
     for p in procs:
@@ -65,7 +65,15 @@ def test_two_cgpu_run_children_share_operator_time_1_to_2(daemon_factory: type, 
 def test_module_hooks_share_operator_time_1_to_2(daemon_factory: type, short_tmp: Path) -> None:
     """The same with CGPU_TORCH_HOOK=module and the matmul inside an nn.Module call."""
     d = daemon_factory.start("--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared")
-    a, b, win = run_pair(d, short_tmp, 12, 320, hook="module")
+    a, b, win = run_pair(d, short_tmp, 12, 320, hook="module", mode="module")
+    assert win >= 10, win
+    assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
+
+
+def test_layers_on_the_fast_path_share_operator_time_1_to_2(daemon_factory: type, short_tmp: Path) -> None:
+    """The same with the default hook, the matmul an nn.Linear with autograd off: its fast path alone gates."""
+    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared")
+    a, b, win = run_pair(d, short_tmp, 12, 320, mode="layer")
     assert win >= 10, win
     assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
 

@@ -1,10 +1,13 @@
 """A torch CPU workload for tests, run under cgpu-run: matmuls in a loop, op intervals recorded.
 
-    python torch_loop.py SECONDS SIZE OUT.json [module]
+    python torch_loop.py SECONDS SIZE OUT.json [module|layer]
 
 With ``module`` the matmul runs inside an ``nn.Module`` call, timed inside it,
 and nothing else checks the gate: the module hooks of ``CGPU_TORCH_HOOK=module``
-alone hold it to its share.
+alone hold it to its share. With ``layer`` it is a built-in ``nn.Linear`` with
+autograd off, which the default hook gates at its call (its fast path) and
+nothing else: an operator's interval starts when the call starts or, if the
+gate waited inside it, when that wait ended.
 
 Writes {"intervals": [[start_ns, end_ns], ...], "errors": [...]} with
 CLOCK_MONOTONIC times (host-wide, so intervals of two processes compare).
@@ -44,6 +47,20 @@ if sys.argv[4:] == ["module"]:
     mm = MatMul()
     while time.monotonic() < end:
         mm(a)  # gated by the module hooks alone
+elif sys.argv[4:] == ["layer"]:
+    linear = torch.nn.Linear(size, size, bias=False)
+    slow, waited = gate._slow, [0]
+
+    def timed_slow() -> None:
+        slow()
+        waited[0] = time.monotonic_ns()
+
+    gate._slow = timed_slow  # type: ignore[method-assign]
+    with torch.inference_mode():
+        while time.monotonic() < end:
+            t = time.monotonic_ns()
+            linear(a)
+            intervals.append((max(t, waited[0]), time.monotonic_ns()))
 else:
     while time.monotonic() < end:
         gate.check()  # wait for the lease outside the timed region; the interposer checks again (fast path)
