@@ -499,20 +499,22 @@ def main(argv: list[str] | None = None) -> int:
            "interposer_module_hooks": interp_module,
            "interposer_glibc_default_malloc": interp_untuned, "native": native,
            "grant_round_trip_c_64_normal_priority": normal}
+    # (hook, malloc, results): the stdout summary and the RESULTS.md table list the same rows
+    interposer_rows = (("dispatch (default)", "steady", interp), ("operator", "steady", interp_operator),
+                       ("module (opt-in)", "steady", interp_module),
+                       ("dispatch (default)", "glibc defaults", interp_untuned))
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(f"daemon scheduling: {sched}")
-        interposer_rows = (("dispatch", interp), ("operator", interp_operator), ("module", interp_module),
-                           ("dispatch, glibc malloc defaults", interp_untuned))
         print(f"{'clients':>8} {'grant p50 us':>13} {'grant p99 us':>13} {'samples':>8}")
         for n, g in grants.items():
             print(f"{n:>8} {g['p50_us']:>13} {g['p99_us']:>13} {g['samples']:>8}")
         print(f"gate fast path: {fast:.1f} ns per check")
-        for hook, res in interposer_rows:
+        for hook, malloc, res in interposer_rows:
             for name, r in res.items():
-                print(f"interposer ({hook}) on {name}: {r['gated_ms']} ms vs {r['plain_ms']} ms per batch, "
-                      f"{r['overhead_pct']} % ({r['ops_per_batch']} ops, {r['per_op_us']} us per op; "
+                print(f"interposer ({hook}, {malloc} malloc) on {name}: {r['gated_ms']} ms vs {r['plain_ms']} ms "
+                      f"per batch, {r['overhead_pct']} % ({r['ops_per_batch']} ops, {r['per_op_us']} us per op; "
                       f"processes {', '.join(map(str, r['processes_pct']))} %; an empty dispatch mode "
                       f"{', '.join(map(str, r['empty_mode_processes_pct']))} %; page faults per batch "
                       f"on/off/empty {'/'.join(map(str, r['page_faults_per_batch']))})")
@@ -551,10 +553,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{r['overhead_pct']} % | {r['per_op_us']} us | {', '.join(map(str, r['processes_pct']))} % | "
                  f"{', '.join(map(str, r['empty_mode_processes_pct']))} % | "
                  f"{' / '.join(map(str, r['page_faults_per_batch']))} |"
-                 for hook, malloc, res in (("dispatch (default)", "steady", interp),
-                                           ("operator", "steady", interp_operator),
-                                           ("module (opt-in)", "steady", interp_module),
-                                           ("dispatch (default)", "glibc defaults", interp_untuned))
+                 for hook, malloc, res in interposer_rows
                  for name, r in res.items()]
         body += ["", f"Each figure is the median of {args.processes} fresh processes under `cgpu-run --device cpu` "
                  "(which sets `OMP_WAIT_POLICY=PASSIVE`), 2 torch threads, inference; per process the median "
