@@ -1,4 +1,4 @@
-"""``arbiterd``: the command line of the daemon."""
+"""``arbiterd``: the command line of the daemon. Its flags are derived from the config and settings tables."""
 
 from __future__ import annotations
 
@@ -6,55 +6,69 @@ import argparse
 import asyncio
 import logging
 import sys
+import typing
 from typing import Any
 
 from arbiterd import __version__
 from arbiterd.core.errors import CoreError
+from arbiterd.core.settings import GPU
 from arbiterd.server import config as config_mod
 from arbiterd.server.cpu import apply_realtime
 
-FLAGS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--run-dir", "run_dir", {"metavar": "DIR", "help": "holds arbiter.sock and admin.sock (default /run/cgpu)"}),
-    ("--state-dir", "state_dir", {"metavar": "DIR", "help": "persistent settings (default /var/lib/cgpu)"}),
-    ("--sim-gpus", "sim_gpus", {"metavar": "SPEC", "help": "simulate GPUs instead of NVML, e.g. 2x16GiB"}),
-    ("--identity", "identity", {"choices": ["cgroup", "declared"],
-                                "help": "where instance ids come from (default cgroup)"}),
-    ("--proc-root", "proc_root", {"metavar": "DIR", "help": "the /proc to read peer cgroups from"}),
-    ("--policy", "policy", {"type": int, "help": "default policy of every GPU, 0..5 (default 1)"}),
-    ("--max-inst", "max_inst", {"type": int, "help": "default max_inst, 1..25 (default 16)"}),
-    ("--prio-ratio", "prio_ratio", {"type": int, "help": "default prio_ratio, 20..99 (default 50)"}),
-    ("--slice-ms", "slice_ms", {"type": int, "help": "slice length in ms, 1..100 (default 5)"}),
-    ("--overrun-ms", "overrun_ms", {"type": int,
-                                    "help": "cut off a holder this long past its deadline (default 500)"}),
-    ("--default-memsize", "default_memsize", {"metavar": "SIZE",
-                                              "help": "memory limit of an instance that states none (0: all)"}),
-    ("--linger-s", "linger_s", {"type": int, "help": "keep a record without clients this long (default 60)"}),
-    ("--admin-listen", "admin_listen", {"metavar": "127.0.0.1:PORT",
-                                        "help": "also serve the admin API on loopback TCP (bearer token)"}),
-    ("--admin-group", "admin_group", {"metavar": "GROUP", "help": "group owning admin.sock"}),
-    ("--client-group", "client_group", {"metavar": "GROUP", "help": "group owning arbiter.sock"}),
-    ("--max-clients", "max_clients", {"type": int, "help": "refuse connections beyond this (default 1024)"}),
-    ("--log-level", "log_level", {"choices": list(config_mod.LOG_LEVELS), "help": "default info"}),
-    ("--realtime-priority", "realtime_priority", {
-        "type": int, "metavar": "N",
-        "help": "run under SCHED_FIFO priority N, 1..99, so grants go out at once (default 0: normal)"}),
-]
+_TYPES: dict[Any, type] = {"int": int, "float": float}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return f" (default {'on' if value else 'off'})"
+    return f" (default {value})"
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="arbiterd",
-        description="cgpu node daemon: hands out GPU time slices and keeps memory limits.",
+        description="cgpu node daemon: hands out GPU time slices to containers and keeps their memory limits.",
+        epilog="Flags override the config file. Per-GPU flags set the default of every GPU; the settings "
+               "tree changes one GPU at run time (cgpuctl).",
     )
-    p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
+    p.add_argument("--config", metavar="FILE", help="TOML config file; flags given here override it")
     p.add_argument("--check-config", metavar="FILE",
                    help="validate FILE and exit 0, or exit 1 printing each error on one line")
-    p.add_argument("--trust-client-env", dest="trust_client_env", action=argparse.BooleanOptionalAction,
-                   default=None, help="use a client's environment for instances nobody provisioned")
-    for flag, dest, kw in FLAGS:
-        p.add_argument(flag, dest=dest, default=None, **kw)
+    hints = typing.get_type_hints(config_mod.Config)
+    for name, f in config_mod.OPTIONS.items():
+        meta = f.metadata
+        if not meta["flag"]:
+            continue
+        helptext = _escape(meta["help"] + _default(f.default))
+        if hints[name] is bool:
+            p.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help=helptext)
+            continue
+        kind = _TYPES.get(getattr(hints[name], "__name__", ""), str)
+        p.add_argument(_flag(name), dest=name, default=None, type=kind, metavar=meta["metavar"],
+                       choices=meta["choices"], help=helptext)
+    gpu = p.add_argument_group("per-GPU settings", "the default of every GPU (files N/<name> of the settings tree)")
+    for name, s in GPU.items():
+        gpu.add_argument(_flag(name), dest=name, default=None, metavar="N|auto" if s.kind == "auto" else "N",
+                         help=_escape(f"{s.help} ({s.expected}; default {s.format(s.default)})"))
     p.add_argument("--version", action="version", version=f"arbiterd {__version__}")
     return p
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys the command line gave."""
+    names = [*config_mod.OPTIONS, *GPU]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,11 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         if not errors:
             print(f"{args.check_config}: ok")
         return 1 if errors else 0
-    overrides = {dest: getattr(args, dest) for _, dest, _ in FLAGS if getattr(args, dest) is not None}
-    if args.trust_client_env is not None:
-        overrides["trust_client_env"] = args.trust_client_env
+    flags = overrides(args)
     try:
-        cfg = config_mod.load(args.config, overrides)
+        cfg = config_mod.load(args.config, flags)
     except CoreError as exc:
         print(f"arbiterd: {exc}", file=sys.stderr)
         return 2
@@ -83,16 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
     except ImportError:
         log.warning("uvloop is not installed; using the default event loop")
-        return asyncio.run(_run(cfg))
-    return uvloop.run(_run(cfg))
+        return asyncio.run(_run(cfg, flags))
+    return uvloop.run(_run(cfg, flags))
 
 
-async def _run(cfg: config_mod.Config) -> int:
+async def _run(cfg: config_mod.Config, flags: dict[str, Any]) -> int:
     from arbiterd.server.daemon import Daemon, StartupError
 
     log = logging.getLogger("arbiterd")
     try:
-        daemon = Daemon(cfg)
+        daemon = Daemon(cfg, flags)
         await daemon.start()
     except (StartupError, CoreError) as exc:
         log.error("cannot start: %s", exc)

@@ -70,7 +70,7 @@ from typing import Any, cast
 from arbiterd.server.cpu import apply_realtime, describe
 from bench import results
 from bench.common import ROOT, tool
-from libcgpu_client import wire
+from libcgpu_client import protocol as proto
 from libcgpu_client.aio import AsyncClient
 from libcgpu_client.client import Client, wait_for_socket
 from libcgpu_client.gate import Gate
@@ -385,8 +385,7 @@ def _answer_server(path: str, realtime_priority: int) -> None:
     import msgpack
 
     apply_realtime(realtime_priority)
-    welcome = wire.pack({"op": "welcome", "version": wire.PROTOCOL_VERSION, "server": "answer",
-                         "max_message": wire.MAX_MESSAGE, "clock": "CLOCK_MONOTONIC"})
+    welcome = proto.Welcome(proto.PROTOCOL_VERSION, "answer", proto.MAX_MESSAGE, "CLOCK_MONOTONIC").pack()
 
     class Answer(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -400,13 +399,11 @@ def _answer_server(path: str, realtime_priority: int) -> None:
                 op = msg.get("op")
                 if op == "acquire":
                     self.leases += 1
-                    self.transport.write(wire.pack({"op": "grant", "gpu": msg["gpu"], "lease": self.leases,
-                                                    "deadline_ns": time.monotonic_ns() + 10**9}))
+                    self.transport.write(proto.Grant(msg["gpu"], self.leases, time.monotonic_ns() + 10**9).pack())
                 elif op == "hello":
                     self.transport.write(welcome)
                 elif op == "register":
-                    self.transport.write(wire.pack({"op": "registered", "re": msg["id"], "instance": "answer",
-                                                    "gpus": [], "warnings": []}))
+                    self.transport.write(proto.Registered(msg["id"], "answer", [], []).pack())
 
     _serve_unix(path, Answer)
 

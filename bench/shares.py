@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from arbiterd.core.effects import NS_PER_S
-from arbiterd.core.scheduler import GpuSettings
+from arbiterd.core.settings import GpuSettings
 from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
 from bench import results
 

@@ -33,7 +33,7 @@ class _TorchHook(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
-        real_exec = loader.exec_module  # type: ignore[union-attr]
+        real_exec = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             real_exec(module)
@@ -41,7 +41,7 @@ class _TorchHook(importlib.abc.MetaPathFinder):
 
             install()
 
-        loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 

@@ -16,34 +16,37 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from libcgpu_client import __version__, wire
+from libcgpu_client.protocol import (
+    S2C,
+    Bye,
+    Decoder,
+    Denied,
+    Error,
+    Grant,
+    MemFree,
+    MemQuery,
+    MemReserve,
+    Message,
+    Ok,
+    ProtocolError,
+    Registered,
+    Revoke,
+    Stats,
+    StatsReply,
+    Welcome,
+    decode,
+)
+from libcgpu_client.session import ClientSettings, DaemonError, Registration, hello
 
 log = logging.getLogger("libcgpu_client")
-
-
-class DaemonError(Exception):
-    """The daemon refused a request (its one-line reason)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-
-@dataclass(slots=True)
-class Registration:
-    instance: str
-    gpus: list[dict[str, Any]]
-    warnings: list[str]
+Reply = Ok | Denied | StatsReply | Registered
 
 
 @dataclass(slots=True)
@@ -56,7 +59,7 @@ class LeaseListener:
 @dataclass(slots=True)
 class _Waiter:
     event: threading.Event = field(default_factory=threading.Event)
-    reply: dict[str, Any] | None = None
+    reply: Message | None = None
 
 
 class Client:
@@ -74,16 +77,12 @@ class Client:
         core_percent: int = 0,
     ) -> None:
         self.socket_path = socket_path
-        self.register_msg: dict[str, Any] = {"op": "register", "instance": instance, "gpus": list(gpus),
-                                             "weight": weight, "highprio": int(highprio)}
-        if memsize:
-            self.register_msg["memsize"] = list(memsize)
-        if core_percent:
-            self.register_msg["core_percent"] = core_percent
+        self.settings = ClientSettings(instance, tuple(gpus), weight, highprio, tuple(memsize or ()), core_percent)
         self.backoff_max_s = backoff_max_s
         self.registration: Registration | None = None
         self.listeners: dict[int, LeaseListener] = {}
         self._sock: socket.socket | None = None
+        self._decoder = Decoder()
         self._send_lock = threading.Lock()
         self._state = threading.Condition()
         self._connected = False
@@ -117,7 +116,7 @@ class Client:
         if sock is not None:
             try:
                 with self._send_lock:
-                    sock.sendall(wire.pack({"op": "bye"}))
+                    sock.sendall(Bye().pack())
             except OSError:
                 pass
             with contextlib.suppress(OSError):
@@ -126,31 +125,34 @@ class Client:
             self._thread.join(2.0)
 
     # -------------------------------------------------------------- requests
-    def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """Send ``msg`` with a fresh id and wait for its reply (across reconnects)."""
+    def request(self, make: Callable[[int], Message], timeout: float | None = None) -> Reply:
+        """Send ``make(id)`` with a fresh id and wait for its reply (across reconnects)."""
         while True:
             rid = next(self._ids)
+            msg = make(rid)
             waiter = _Waiter()
             self._waiters[rid] = waiter
             try:
-                self._send({**msg, "id": rid}, wait=True)
+                self._send(msg, wait=True)
                 if not waiter.event.wait(timeout):
-                    raise TimeoutError(f"no reply to {msg['op']} within {timeout} s")
+                    raise TimeoutError(f"no reply to {msg.OP} within {timeout} s")
             finally:
                 self._waiters.pop(rid, None)
             reply = waiter.reply
             if reply is None:  # the connection broke: ask again on the next one
                 continue
-            if reply["op"] == "error":
-                raise DaemonError(reply["code"], reply["message"])
+            if isinstance(reply, Error):
+                raise DaemonError.of(reply)
+            if not isinstance(reply, Reply):
+                raise ProtocolError("bad_request", f"{reply.OP} is not a reply to {msg.OP}")
             return reply
 
-    def send(self, msg: dict[str, Any]) -> bool:
-        """Send without waiting for a reply. False when not connected."""
+    def send(self, msg: Message) -> bool:
+        """Send a message that asks for no reply. False when not connected."""
         return self._send(msg, wait=False)
 
-    def _send(self, msg: dict[str, Any], wait: bool) -> bool:
-        data = wire.pack(msg)
+    def _send(self, msg: Message, wait: bool) -> bool:
+        data = msg.pack()
         while True:
             with self._state:
                 if wait:
@@ -175,7 +177,7 @@ class Client:
         while not self._closing:
             try:
                 sock = self._connect()
-            except (OSError, wire.ProtocolError, DaemonError) as exc:
+            except (OSError, ProtocolError, DaemonError) as exc:
                 if self.connects == 0 and delay <= 0.05:
                     log.warning("cgpu: cannot reach arbiterd at %s (%s); retrying", self.socket_path, exc)
                 with self._state:
@@ -193,22 +195,22 @@ class Client:
         try:
             sock.settimeout(10.0)
             sock.connect(self.socket_path)
-            decoder = wire.Decoder("s2c")
-            sock.sendall(wire.pack({"op": "hello", "versions": list(wire.SUPPORTED_VERSIONS),
-                                    "client": f"libcgpu_client/{__version__}", "pid": os.getpid()}))
-            sock.sendall(wire.pack({**self.register_msg, "id": 0}))
-            replies: list[dict[str, Any]] = []
+            decoder = Decoder()
+            sock.sendall(hello("libcgpu_client").pack() + self.settings.register(0).pack())
+            replies: list[Message] = []
             while len(replies) < 2:
                 data = sock.recv(65536)
                 if not data:
                     raise ConnectionError("daemon closed the connection during the handshake")
-                replies += list(decoder.feed(data))
+                replies += [decode(raw, S2C) for raw in decoder.feed(data)]
                 for r in replies:
-                    if r["op"] == "error":
-                        raise DaemonError(r["code"], r["message"])
-            reg = replies[1]
-            self.registration = Registration(reg["instance"], reg["gpus"], reg["warnings"])
-            for w in reg["warnings"]:
+                    if isinstance(r, Error):
+                        raise DaemonError.of(r)
+            welcome, reg = replies[:2]
+            if not isinstance(welcome, Welcome) or not isinstance(reg, Registered):
+                raise ProtocolError("bad_request", f"expected welcome and registered, got {welcome.OP}, {reg.OP}")
+            self.registration = Registration.of(reg)
+            for w in reg.warnings:
                 log.warning("cgpu: %s", w)
             sock.settimeout(None)
         except BaseException:
@@ -240,31 +242,30 @@ class Client:
             if not data:
                 return
             try:
-                msgs = list(decoder.feed(data))
-            except wire.ProtocolError as exc:
+                msgs = [decode(raw, S2C) for raw in decoder.feed(data)]
+            except ProtocolError as exc:
                 log.error("cgpu: bad frame from arbiterd (%s); reconnecting", exc.message)
                 return
             for msg in msgs:
                 self._dispatch(msg)
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "grant":
-            lst = self.listeners.get(msg["gpu"])
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, Grant):
+            lst = self.listeners.get(msg.gpu)
             if lst is not None:
-                lst.on_grant(msg["lease"], msg["deadline_ns"])
-        elif op == "revoke":
-            lst = self.listeners.get(msg["gpu"])
+                lst.on_grant(msg.lease, msg.deadline_ns)
+        elif isinstance(msg, Revoke):
+            lst = self.listeners.get(msg.gpu)
             if lst is not None:
-                lst.on_revoke(msg["lease"])
+                lst.on_revoke(msg.lease)
         else:
-            rid = msg.get("re")
+            rid = getattr(msg, "re", None)
             waiter = self._waiters.get(rid) if isinstance(rid, int) else None
             if waiter is not None:
                 waiter.reply = msg
                 waiter.event.set()
-            elif op == "error":
-                log.warning("cgpu: arbiterd: %s: %s", msg["code"], msg["message"])
+            elif isinstance(msg, Error):
+                log.warning("cgpu: arbiterd: %s: %s", msg.code, msg.message)
 
     def _lost(self, sock: socket.socket) -> None:
         with self._state:
@@ -282,15 +283,26 @@ class Client:
 
     # ----------------------------------------------------------------- memory
     def mem_reserve(self, gpu: int, nbytes: int) -> tuple[bool, int, int, str]:
-        r = self.request({"op": "mem_reserve", "gpu": gpu, "bytes": nbytes})
-        return r["op"] == "ok", r.get("used", 0), r.get("limit", 0), r.get("reason", "")
+        """Reserve ``nbytes`` on ``gpu``: (granted, instance's use, its limit, why not)."""
+        r = self.request(lambda rid: MemReserve(rid, gpu, nbytes))
+        if isinstance(r, Denied):
+            return False, r.used, r.limit, r.reason
+        assert isinstance(r, Ok)
+        return True, r.used or 0, r.limit or 0, ""
 
     def mem_free(self, gpu: int, nbytes: int) -> None:
-        self.request({"op": "mem_free", "gpu": gpu, "bytes": nbytes})
+        self.request(lambda rid: MemFree(gpu, nbytes, rid))
 
-    def stats(self) -> list[dict[str, Any]]:
-        gpus: list[dict[str, Any]] = self.request({"op": "stats"})["gpus"]
-        return gpus
+    def mem_query(self, gpu: int) -> tuple[int, int]:
+        """The instance's memory use and limit on ``gpu``."""
+        r = self.request(lambda rid: MemQuery(rid, gpu))
+        assert isinstance(r, Ok)
+        return r.used or 0, r.limit or 0
+
+    def stats(self) -> list[dict[str, object]]:
+        r = self.request(lambda rid: Stats(rid))
+        assert isinstance(r, StatsReply)
+        return r.gpus
 
 
 def wait_for_socket(path: str, timeout: float) -> bool:

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from libcgpu_client.client import Client, LeaseListener
+from libcgpu_client.protocol import Acquire, Release
 
 log = logging.getLogger("libcgpu_client.gate")
 _now = time.monotonic_ns
@@ -119,10 +120,6 @@ class Gate:
     def __exit__(self, *exc: object) -> None:
         self._uses += 1
 
-    @property
-    def holding(self) -> bool:
-        return self._lease is not None
-
     def release(self) -> None:
         """Give the lease back now (after synchronising)."""
         with self._lock:
@@ -158,7 +155,7 @@ class Gate:
     def _ask(self) -> None:
         self._waiting = True
         self.acquires += 1
-        if not self.client.send({"op": "acquire", "id": 0, "gpu": self.gpu}):
+        if not self.client.send(Acquire(self.gpu)):
             self._waiting = False
 
     def _give_back(self, again: bool) -> None:
@@ -170,8 +167,7 @@ class Gate:
         self._waiting = again
         if again:
             self.acquires += 1
-        sent = self.client.send({"op": "release", "gpu": self.gpu, "lease": lease, "used_ns": used,
-                                 "again": again})
+        sent = self.client.send(Release(self.gpu, lease, used, again))
         if not sent:
             self._waiting = False
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from libcgpu_client.client import Client
 from libcgpu_client.env import ClientEnv, parse_env
 from libcgpu_client.gate import CpuAdapter, DeviceAdapter, Gate
+from libcgpu_client.protocol import MemFree
 
 log = logging.getLogger("libcgpu_client")
 # Memory is reserved from the daemon in chunks, with hysteresis, as a caching allocator
@@ -70,10 +71,6 @@ class Runtime:
         reg = self.client.registration
         return int(reg.gpus[pos]["mem_limit"]) if reg else 0
 
-    def mem_total(self, pos: int = 0) -> int:
-        reg = self.client.registration
-        return int(reg.gpus[pos]["total_mem"]) if reg else 0
-
     def reserve(self, pos: int, nbytes: int) -> None:
         """Account ``nbytes`` more on device ``pos``; raise OutOfMemory past the limit."""
         acct = self.memory[pos]
@@ -101,7 +98,7 @@ class Runtime:
             if spare > KEEP_MAX:
                 give = spare - KEEP
                 acct.reserved -= give
-                self.client.send({"op": "mem_free", "id": 0, "gpu": acct.gpu, "bytes": give})
+                self.client.send(MemFree(acct.gpu, give))
 
     def close(self) -> None:
         for gate in self.gates:

@@ -12,6 +12,7 @@ import pytest
 
 from arbiterd.server import devices
 from libcgpu_client.gate import CudaAdapter, Gate
+from libcgpu_client.protocol import Message
 
 
 class FakeNVMLError(Exception):
@@ -92,7 +93,8 @@ class FakeClient:
         self.lease = 0
         self.order: list[str] = []
 
-    def send(self, msg: dict[str, Any]) -> bool:
+    def send(self, message: Message) -> bool:
+        msg = message.to_wire()
         self.sent.append(msg)
         self.order.append(msg["op"])
         if msg["op"] == "acquire" or msg.get("again"):

@@ -11,8 +11,8 @@ highprio, memsize). It comes into being in one of two ways:
   (its environment), but only while ``trust_client_env`` is on; otherwise
   from the defaults.
 
-A GPU-core percentage (seed 000) is a weight: P % is weight P/5 of 20 slots
-on policy 3, a hard cap of P % of the GPU. The first such instance on an
+A GPU-core percentage (behaviour §3) is a weight: P % is weight P/5 of 20
+slots on policy 3, a hard cap of P % of the GPU. The first such instance on an
 unused GPU still on policy 1 (the default) sets it to policy 3 with max_inst
 20; on a GPU already set otherwise it is weight P/5 there, with a warning.
 
@@ -29,22 +29,27 @@ returns effects.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 
 from arbiterd.core.effects import NS_PER_S, Effect
-from arbiterd.core.errors import IdentityError, NotFoundError, SettingError
+from arbiterd.core.errors import ConflictError, IdentityError, NotFoundError, SettingError
 from arbiterd.core.memory import MemDecision, MemoryLedger
-from arbiterd.core.scheduler import FIXED_CORE, PREEMPTIVE, GpuScheduler, GpuSettings, check_range
+from arbiterd.core.policies import FIXED_CORE, PREEMPTIVE
+from arbiterd.core.scheduler import GpuScheduler
+from arbiterd.core.settings import CORE_MAX_INST, GLOBAL, INSTANCE, GpuSettings, InstanceSettings
 
 log = logging.getLogger("arbiterd.core")
-CORE_MAX_INST = 20  # a GPU-core percentage is counted in 5 % steps: 20 slots
+INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-def core_weight(percent: object) -> int:
-    """The weight of a GPU-core percentage: a multiple of 5 from 5 to 100, over 5."""
-    if isinstance(percent, bool) or not isinstance(percent, int) or not 5 <= percent <= 100 or percent % 5:
-        raise SettingError(f"core percentage: expected a multiple of 5 from 5 to 100, got {percent!r}")
-    return percent // 5
+def valid_instance_id(name: object) -> str:
+    """Return ``name`` if it is a safe container id, else raise SettingError."""
+    if not isinstance(name, str) or not INSTANCE_ID.match(name):
+        raise SettingError(
+            f"invalid instance id {name!r}: use 1-128 of A-Z a-z 0-9 _ . - (not starting with . - _)"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +59,6 @@ class GpuInfo:
     uuid: str
     total_mem: int
     simulated: bool = False
-
-
-@dataclass(slots=True)
-class InstanceSettings:
-    weight: int = 1
-    highprio: bool = False
-    memsize: int = 0  # 0: the default_memsize, or the whole device
-    core_percent: int = 0  # a GPU-core percentage; 0: none
-
-    def __post_init__(self) -> None:
-        if self.core_percent:  # the weight follows from the percentage, here only
-            object.__setattr__(self, "weight", core_weight(self.core_percent))
 
 
 @dataclass(slots=True)
@@ -89,9 +82,22 @@ class ClientInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RegisteredGpu:
+    """What a client learns of one GPU it registered on."""
+
+    gpu: int
+    uuid: str
+    name: str
+    weight: int
+    highprio: int
+    mem_limit: int
+    total_mem: int
+
+
+@dataclass(frozen=True, slots=True)
 class Registration:
     instance: str
-    gpus: list[dict[str, object]]
+    gpus: list[RegisteredGpu]
     warnings: list[str]
 
 
@@ -158,8 +164,7 @@ class Arbiter:
     ) -> tuple[InstanceRecord, list[Effect], list[str]]:
         """Create the record of ``name`` on ``gpu``, clamping the weight to what is free."""
         sched = self.sched(gpu)
-        if s.memsize < 0:
-            raise SettingError(f"memsize: {s.memsize} is negative")
+        INSTANCE["memsize"].check(s.memsize)
         effects: list[Effect] = []
         warnings: list[str] = []
         if s.core_percent:
@@ -173,7 +178,7 @@ class Arbiter:
             )
             log.warning("%s", msg)
             warnings.append(msg)
-        effects += sched.add_instance(name, weight, s.highprio, now)
+        effects += sched.add_instance(name, weight, bool(s.highprio), now)
         rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now)
         self.records[(gpu, name)] = rec
         rec.ledger.limit = self.mem_limit(rec)
@@ -205,12 +210,12 @@ class Arbiter:
         for gpu in gpus:
             sched = self.sched(gpu)
             core = bool(s.core_percent) and self._core_ready(sched)  # it becomes 20 slots first
-            check_range("weight", s.weight, 1, CORE_MAX_INST if core else sched.settings.max_inst)
-            check_range("highprio", int(s.highprio), 0, 1)
+            INSTANCE["weight"].check(s.weight, CORE_MAX_INST if core else sched.settings.max_inst)
+            INSTANCE["highprio"].check(s.highprio)
             rec = self.records.get((gpu, name))
             room = (CORE_MAX_INST if core else sched.free_weight) + (sched.instances[name].weight if rec else 0)
             if s.weight > room:
-                raise SettingError(f"weight {s.weight} exceeds free_weight {room} on GPU {gpu}")
+                raise ConflictError(f"weight {s.weight} exceeds free_weight {room} on GPU {gpu}")
         effects: list[Effect] = []
         for gpu in gpus:
             rec = self.records.get((gpu, name))
@@ -234,7 +239,7 @@ class Arbiter:
             raise NotFoundError(f"no instance {name}")
         busy = [r for r in targets if r.clients]
         if busy:
-            raise SettingError(
+            raise ConflictError(
                 f"instance {name} has {len(busy[0].clients)} connected client(s) on GPU {busy[0].gpu}"
             )
         effects: list[Effect] = []
@@ -245,18 +250,16 @@ class Arbiter:
 
     def set_memsize(self, gpu: int, name: str, memsize: int) -> None:
         rec = self.record(gpu, name)
-        if memsize < 0:
-            raise SettingError(f"memsize: {memsize} is negative")
         total = self.gpus[gpu].total_mem
-        if memsize > total:
-            raise SettingError(f"memsize: {memsize} exceeds GPU {gpu} total memory {total}")
+        INSTANCE["memsize"].check(memsize, total)
         rec.memsize = memsize
         rec.ledger.limit = self.mem_limit(rec)
 
-    def set_default_memsize(self, memsize: int) -> None:
-        if memsize < 0:
-            raise SettingError(f"default_memsize: {memsize} is negative")
-        self.config.default_memsize = memsize
+    def set_upgrade(self, value: object) -> None:
+        self.upgrade = GLOBAL["upgrade"].check(value)
+
+    def set_default_memsize(self, memsize: object) -> None:
+        self.config.default_memsize = GLOBAL["default_memsize"].check(memsize)
         for rec in self.records.values():
             rec.ledger.limit = self.mem_limit(rec)
 
@@ -282,7 +285,7 @@ class Arbiter:
             self.sched(gpu)
         effects: list[Effect] = []
         warnings: list[str] = []
-        out: list[dict[str, object]] = []
+        out: list[RegisteredGpu] = []
         for gpu in dict.fromkeys(gpus):
             rec = self.records.get((gpu, instance))
             if rec is None:
@@ -301,11 +304,8 @@ class Arbiter:
             if st.weight == 0:
                 warnings.append(f"GPU {gpu} instance {instance}: weight 0, no GPU time (free_weight was 0)")
             g = self.gpus[gpu]
-            out.append({
-                "gpu": gpu, "uuid": g.uuid, "name": g.name, "weight": st.weight,
-                "highprio": int(st.highprio), "mem_limit": self.mem_limit(rec),
-                "total_mem": g.total_mem,
-            })
+            out.append(RegisteredGpu(gpu, g.uuid, g.name, st.weight, int(st.highprio), self.mem_limit(rec),
+                                     g.total_mem))
         info.instance = instance
         info.gpus = tuple(dict.fromkeys(gpus))
         return Registration(instance, out, warnings), effects
@@ -331,6 +331,10 @@ class Arbiter:
     def mem_reserve(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
         rec = self._registered(cid, gpu)
         return rec.ledger.reserve(cid, self.clients[cid].pid, nbytes)
+
+    def mem_query(self, cid: int, gpu: int) -> MemDecision:
+        ledger = self._registered(cid, gpu).ledger
+        return MemDecision(True, ledger.used, ledger.limit)
 
     def mem_free(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
         rec = self._registered(cid, gpu)

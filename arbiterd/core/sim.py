@@ -11,9 +11,9 @@ op that starts just before the deadline overruns it, as on a real GPU.
 
 Workloads: busy (back-to-back ops), idle (never asks), bursty (on/off periods
 with back-to-back ops while on) and any fixed op length, including ops longer
-than a slice. :func:`fluid_shares` gives the ideal share of each instance for
-a set of active instances; :meth:`Simulation.run` integrates it over the run to
-get the target that the measured share is compared with.
+than a slice. :meth:`Simulation.run` integrates the scheduler's entitled share
+of each instance (:meth:`GpuScheduler.entitled`, for the instances whose
+workload is on) over the run: the target the measured share is compared with.
 """
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ import itertools
 from dataclasses import dataclass, field
 
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
-from arbiterd.core.scheduler import (
-    FIXED,
-    FIXED_CORE,
-    NATIVE,
-    PREEMPTIVE,
-    WEAK,
-    WEIGHTED,
-    GpuScheduler,
-    GpuSettings,
-)
+from arbiterd.core.policies import NATIVE
+from arbiterd.core.scheduler import GpuScheduler
+from arbiterd.core.settings import GpuSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,41 +79,6 @@ class SimInstance:
     highprio: bool = False
     workload: Workload = field(default_factory=busy)
     clients: int = 1
-
-
-def fluid_shares(
-    settings: GpuSettings, insts: list[SimInstance], active: set[str]
-) -> dict[str, float]:
-    """The ideal share of GPU time of each instance while ``active`` have demand."""
-    out = {i.name: 0.0 for i in insts}
-    live = [i for i in insts if i.weight > 0]
-    if settings.policy == NATIVE:
-        for i in live:
-            out[i.name] = 1.0 if i.name in active else 0.0
-        return out
-    hp = [i for i in live if i.highprio and i.name in active]
-    normal = [i for i in live if not i.highprio]
-    act = [i for i in normal if i.name in active]
-    conserving = settings.policy in (PREEMPTIVE, WEAK)
-    r = settings.prio_ratio / 100 if hp else 0.0
-    if hp and conserving and not act:
-        r = 1.0
-    for i in hp:
-        out[i.name] = r * i.weight / sum(h.weight for h in hp)
-    rest = 1.0 - r
-    policy = settings.policy
-    for i in act:
-        if policy == PREEMPTIVE:
-            out[i.name] = rest / len(act)
-        elif policy == WEAK:
-            out[i.name] = rest * i.weight / sum(a.weight for a in act)
-        elif policy == WEIGHTED:
-            out[i.name] = rest * i.weight / sum(n.weight for n in normal)
-        elif policy == FIXED:
-            out[i.name] = rest / settings.max_inst
-        elif policy == FIXED_CORE:
-            out[i.name] = rest * i.weight / settings.max_inst
-    return out
 
 
 @dataclass(slots=True)
@@ -307,7 +265,7 @@ class Simulation:
         steps = 0
         for t in range(warmup_ns, duration_ns, step):
             active = {i.name for i in self.instances if i.workload.active(t)}
-            for name, share in fluid_shares(self.sched.settings, self.instances, active).items():
+            for name, share in self.sched.entitled(active).items():
                 targets[name] += share
             steps += 1
         out: dict[str, InstanceResult] = {}

@@ -1,29 +1,29 @@
-"""Snapshot and restore of everything an operator can set (for the state file)."""
+"""Snapshot and restore of everything an operator can set (for the state file).
+
+The document holds every setting of the tables in settings.py, so a setting
+added there is saved and restored with no change here.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from arbiterd.core.arbiter import Arbiter, InstanceSettings
+from arbiterd.core.arbiter import Arbiter, valid_instance_id
 from arbiterd.core.errors import CoreError, SettingError
-from arbiterd.core.tree import valid_instance_id
+from arbiterd.core.settings import GPU, INSTANCE, InstanceSettings
 
 STATE_VERSION = 1
-GPU_KEYS = ("policy", "max_inst", "prio_ratio", "slice_ms", "overrun_ms")
+INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight, highprio, memsize
 
 
 def snapshot(arb: Arbiter) -> dict[str, Any]:
     """A JSON-able document of every setting and instance record."""
-    gpus = {}
-    for idx, sched in sorted(arb.scheds.items()):
-        gpus[str(idx)] = {k: getattr(sched.settings, k) for k in GPU_KEYS}
+    gpus = {str(idx): {k: getattr(sched.settings, k) for k in GPU} for idx, sched in sorted(arb.scheds.items())}
     instances = []
     for (gpu, name), rec in sorted(arb.records.items()):
         st = arb.scheds[gpu].instances[name]
-        instances.append({
-            "id": name, "gpu": gpu, "weight": st.weight, "highprio": int(st.highprio),
-            "memsize": rec.memsize, "provisioned": rec.provisioned,
-        })
+        instances.append({"id": name, "gpu": gpu, "weight": st.weight, "highprio": int(st.highprio),
+                          "memsize": rec.memsize, "provisioned": rec.provisioned})
     return {
         "version": STATE_VERSION,
         "default_memsize": arb.config.default_memsize,
@@ -43,22 +43,22 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
         raise SettingError(f"state: expected a document of version {STATE_VERSION}")
     warnings: list[str] = []
     try:
-        arb.set_default_memsize(int(doc.get("default_memsize", 0)))
-        arb.upgrade = int(doc.get("upgrade", 0))
+        arb.set_default_memsize(doc.get("default_memsize", 0))
+        arb.set_upgrade(doc.get("upgrade", 0))
         for key, vals in dict(doc.get("gpus", {})).items():
             gpu = int(key)
             if gpu not in arb.scheds:
                 warnings.append(f"state: GPU {gpu} is not on this host; its settings are skipped")
                 continue
             sched = arb.scheds[gpu]
-            for k in GPU_KEYS:
+            for k in GPU:
                 if k in vals:
-                    getattr(sched, f"set_{k}")(int(vals[k]), now)
+                    sched.set(k, vals[k], now)
         for item in list(doc.get("instances", [])):
             gpu, name = int(item["gpu"]), valid_instance_id(str(item["id"]))
             if gpu not in arb.scheds:
                 continue
-            s = InstanceSettings(int(item["weight"]), bool(item["highprio"]), int(item["memsize"]))
+            s = InstanceSettings(**{k: INSTANCE[k].check(item[k]) for k in INSTANCE_KEYS})
             arb.create_instance(gpu, name, s, now, provisioned=bool(item["provisioned"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise SettingError(f"state: malformed document ({exc.__class__.__name__}: {exc})") from None

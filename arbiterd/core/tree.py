@@ -1,43 +1,46 @@
-"""The cGPU settings tree (SPEC §2) over an :class:`Arbiter`, as plain text.
+"""The settings tree (behaviour §2) over an :class:`Arbiter`, as plain text.
 
 Paths are those of ``/proc/cgpu_km`` without the prefix: ``version``,
 ``default_memsize``, ``inst_ctl``, ``upgrade``, ``0/policy``,
-``0/<container-id>/weight`` and so on. :func:`read` returns a file's text or a
-folder's listing; :func:`write` parses and applies a value, raising a
-:class:`CoreError` with a one-line reason and changing nothing when refused.
-
-Beyond the seed's files each GPU folder also has ``slice_ms`` (rw, 1..100)
-and ``overrun_ms`` (rw), and ``busy_ms`` (ro).
+``0/<container-id>/weight`` and so on. Writable files are the settings of
+settings.py; the read-only ones are computed here. :func:`read` returns a
+file's text or a folder's listing; :func:`write` parses and applies a value,
+raising a :class:`CoreError` with a one-line reason and changing nothing when
+refused.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Callable
 
 from arbiterd import __version__
-from arbiterd.core.arbiter import Arbiter, InstanceSettings, core_weight
+from arbiterd.core import instctl
+from arbiterd.core.arbiter import Arbiter, InstanceRecord, valid_instance_id
 from arbiterd.core.effects import NS_PER_MS, Effect
 from arbiterd.core.errors import NotFoundError, ReadOnlyError, SettingError
-from arbiterd.core.units import parse_int, parse_size
+from arbiterd.core.scheduler import GpuScheduler
+from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
 
 MAJOR = 243  # the seed's cgpu_km device major; kept for compatibility
-INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# read-only files, computed from live state: name -> (reader, help)
+GpuReader = Callable[[GpuScheduler, int], object]
+GPU_READONLY: dict[str, tuple[GpuReader, str]] = {
+    "free_weight": (lambda s, now: s.free_weight, "max_inst minus the sum of the weights of the GPU's instances"),
+    "major": (lambda s, now: MAJOR, "a device-type number, kept for compatibility"),
+    "busy_ms": (lambda s, now: s.busy_ns(now) // NS_PER_MS, "time some lease was held on the GPU (ms)"),
+}
+InstReader = Callable[[Arbiter, InstanceRecord], str]
+INSTANCE_READONLY: dict[str, tuple[InstReader, str]] = {
+    "id": (lambda a, r: f"{r.name}\n", "the container id"),
+    "meminfo": (lambda a, r: r.ledger.meminfo(),
+                "'Free: <bytes>', then one 'PID: <pid> Mem: <bytes>' line per process"),
+}
 GLOBAL_FILES = ("version", "default_memsize", "inst_ctl", "upgrade")
-GPU_FILES = ("policy", "max_inst", "prio_ratio", "free_weight", "major", "slice_ms", "overrun_ms", "busy_ms")
-GPU_RW = {"policy", "max_inst", "prio_ratio", "slice_ms", "overrun_ms"}
+_SEED_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # the seed's order first
+GPU_FILES = _SEED_GPU + tuple(n for n in GPU if n not in _SEED_GPU) + ("busy_ms",)
 INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo")
-INST_RW = {"weight", "highprio", "memsize"}
-
-
-def valid_instance_id(name: str) -> str:
-    """Return ``name`` if it is a safe container id, else raise SettingError."""
-    if not isinstance(name, str) or not INSTANCE_ID.match(name):
-        raise SettingError(
-            f"invalid instance id {name!r}: use 1-128 of A-Z a-z 0-9 _ . - (not starting with . - _)"
-        )
-    return name
+__all__ = ["GPU_FILES", "INST_FILES", "MAJOR", "read", "valid_instance_id", "write"]
 
 
 def _split(path: str) -> list[str]:
@@ -47,10 +50,10 @@ def _split(path: str) -> list[str]:
     return parts
 
 
-def _gpu(arb: Arbiter, part: str) -> int:
+def _gpu(arb: Arbiter, part: str) -> GpuScheduler:
     if not part.isdigit() or int(part) not in arb.scheds:
         raise NotFoundError(f"no such path: {part}")
-    return int(part)
+    return arb.scheds[int(part)]
 
 
 def is_dir(arb: Arbiter, path: str) -> bool:
@@ -60,8 +63,7 @@ def is_dir(arb: Arbiter, path: str) -> bool:
     if len(parts) == 1:
         return parts[0].isdigit() and int(parts[0]) in arb.scheds
     if len(parts) == 2:
-        gpu = _gpu(arb, parts[0])
-        return (gpu, parts[1]) in arb.records
+        return (_gpu(arb, parts[0]).index, parts[1]) in arb.records
     return False
 
 
@@ -70,11 +72,10 @@ def listdir(arb: Arbiter, path: str) -> list[str]:
     if not parts:
         return list(GLOBAL_FILES) + [str(g) for g in sorted(arb.scheds)]
     if len(parts) == 1:
-        gpu = _gpu(arb, parts[0])
+        gpu = _gpu(arb, parts[0]).index
         return list(GPU_FILES) + [r.name for r in arb.instances_on(gpu)]
     if len(parts) == 2:
-        gpu = _gpu(arb, parts[0])
-        arb.record(gpu, parts[1])
+        arb.record(_gpu(arb, parts[0]).index, parts[1])
         return list(INST_FILES)
     raise NotFoundError(f"not a folder: {path}")
 
@@ -93,37 +94,25 @@ def read(arb: Arbiter, path: str, now: int) -> str:
         if name == "upgrade":
             return f"{arb.upgrade}\n"
         if name == "inst_ctl":
-            return inst_ctl_listing(arb)
+            return instctl.listing(arb)
     elif len(parts) == 2:
-        gpu = _gpu(arb, parts[0])
-        sched = arb.scheds[gpu]
-        s = sched.settings
-        values: dict[str, Callable[[], object]] = {
-            "policy": lambda: s.policy,
-            "max_inst": lambda: s.max_inst,
-            "prio_ratio": lambda: s.prio_ratio,
-            "free_weight": lambda: sched.free_weight,
-            "major": lambda: MAJOR,
-            "slice_ms": lambda: s.slice_ms,
-            "overrun_ms": lambda: s.overrun_ms,
-            "busy_ms": lambda: sched.busy_ns(now) // NS_PER_MS,
-        }
-        if parts[1] in values:
-            return f"{values[parts[1]]()}\n"
+        sched, key = _gpu(arb, parts[0]), parts[1]
+        if key in GPU:
+            return GPU[key].format(getattr(sched.settings, key)) + "\n"
+        if key in GPU_READONLY:
+            return f"{GPU_READONLY[key][0](sched, now)}\n"
     elif len(parts) == 3:
-        gpu = _gpu(arb, parts[0])
-        rec = arb.record(gpu, parts[1])
-        st = arb.scheds[gpu].instances[rec.name]
-        if parts[2] == "id":
-            return f"{rec.name}\n"
-        if parts[2] == "weight":
+        sched, key = _gpu(arb, parts[0]), parts[2]
+        rec = arb.record(sched.index, parts[1])
+        st = sched.instances[rec.name]
+        if key in INSTANCE_READONLY:
+            return INSTANCE_READONLY[key][0](arb, rec)
+        if key == "weight":
             return f"{st.weight}\n"
-        if parts[2] == "highprio":
+        if key == "highprio":
             return f"{int(st.highprio)}\n"
-        if parts[2] == "memsize":
+        if key == "memsize":
             return f"{arb.mem_limit(rec)}\n"
-        if parts[2] == "meminfo":
-            return rec.ledger.meminfo()
     raise NotFoundError(f"no such path: {path}")
 
 
@@ -136,101 +125,32 @@ def write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
     parts = _split(path)
     if len(parts) == 1:
         name = parts[0]
+        if name == "inst_ctl":
+            return instctl.run(arb, value, now)
         if name == "default_memsize":
-            arb.set_default_memsize(parse_size("default_memsize", value))
+            arb.set_default_memsize(GLOBAL[name].parse(value))
             return []
         if name == "upgrade":
-            v = parse_int("upgrade", value)
-            if v not in (0, 1):
-                raise SettingError(f"upgrade: expected 0 or 1, got {v}")
-            arb.upgrade = v
+            arb.set_upgrade(GLOBAL[name].parse(value))
             return []
-        if name == "inst_ctl":
-            return inst_ctl(arb, value, now)
         if name == "version":
             raise ReadOnlyError("version is read-only")
     elif len(parts) == 2:
-        gpu = _gpu(arb, parts[0])
-        sched = arb.scheds[gpu]
-        key = parts[1]
-        if key in GPU_FILES and key not in GPU_RW:
-            raise ReadOnlyError(f"{gpu}/{key} is read-only")
-        if key in GPU_RW:
-            v = parse_int(key, value)
-            setter: dict[str, Callable[[int, int], list[Effect]]] = {
-                "policy": sched.set_policy,
-                "max_inst": sched.set_max_inst,
-                "prio_ratio": sched.set_prio_ratio,
-                "slice_ms": sched.set_slice_ms,
-                "overrun_ms": sched.set_overrun_ms,
-            }
-            return setter[key](v, now)
+        sched, key = _gpu(arb, parts[0]), parts[1]
+        if key in GPU_READONLY:
+            raise ReadOnlyError(f"{sched.index}/{key} is read-only")
+        if key in GPU:
+            return sched.set(key, GPU[key].parse(value), now)
     elif len(parts) == 3:
-        gpu = _gpu(arb, parts[0])
-        rec = arb.record(gpu, parts[1])
-        key = parts[2]
-        if key in ("id", "meminfo"):
-            raise ReadOnlyError(f"{gpu}/{rec.name}/{key} is read-only")
+        sched, key = _gpu(arb, parts[0]), parts[2]
+        rec = arb.record(sched.index, parts[1])
+        if key in INSTANCE_READONLY:
+            raise ReadOnlyError(f"{sched.index}/{rec.name}/{key} is read-only")
         if key == "weight":
-            return arb.scheds[gpu].set_weight(rec.name, parse_int("weight", value), now)
+            return sched.set_weight(rec.name, INSTANCE[key].parse(value), now)
         if key == "highprio":
-            return arb.scheds[gpu].set_highprio(rec.name, parse_int("highprio", value), now)
+            return sched.set_highprio(rec.name, INSTANCE[key].parse(value), now)
         if key == "memsize":
-            arb.set_memsize(gpu, rec.name, parse_size("memsize", value))
+            arb.set_memsize(sched.index, rec.name, INSTANCE[key].parse(value))
             return []
     raise NotFoundError(f"no such path: {path}")
-
-
-def inst_ctl_listing(arb: Arbiter) -> str:
-    lines = []
-    for (gpu, name), rec in sorted(arb.records.items()):
-        if rec.provisioned:
-            st = arb.scheds[gpu].instances[name]
-            lines.append(f"{name} gpu={gpu} weight={st.weight} highprio={int(st.highprio)} memsize={rec.memsize}")
-    return "".join(line + "\n" for line in lines)
-
-
-def inst_ctl(arb: Arbiter, command: str, now: int) -> list[Effect]:
-    """``create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]`` or ``remove ID [gpu=...]``."""
-    try:
-        words = shlex.split(command)
-    except ValueError as exc:
-        raise SettingError(f"inst_ctl: {exc}") from None
-    if len(words) < 2 or words[0] not in ("create", "remove"):
-        raise SettingError(
-            "inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]' "
-            "or 'remove ID [gpu=N]'"
-        )
-    verb, name, rest = words[0], valid_instance_id(words[1]), words[2:]
-    opts: dict[str, str] = {}
-    allowed = {"gpu", "weight", "core", "highprio", "memsize"} if verb == "create" else {"gpu"}
-    for word in rest:
-        key, sep, val = word.partition("=")
-        if not sep or key not in allowed or key in opts:
-            raise SettingError(f"inst_ctl {verb}: unexpected {word!r}")
-        opts[key] = val
-    gpus: list[int] | None = None
-    if "gpu" in opts:
-        try:
-            gpus = [int(g) for g in opts["gpu"].split(",")]
-        except ValueError:
-            raise SettingError(f"inst_ctl: gpu: expected indices like 0,1, got {opts['gpu']!r}") from None
-        for gpu in gpus:
-            arb.sched(gpu)
-    if verb == "remove":
-        return arb.unprovision(name, gpus, now)
-    if "core" in opts and "weight" in opts:
-        raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
-    core = 0
-    if "core" in opts:
-        core = parse_int("core", opts["core"])
-        core_weight(core)  # refuses core=0 too, which the settings would read as none
-    s = InstanceSettings(
-        weight=parse_int("weight", opts.get("weight", "1")),
-        highprio=bool(parse_int("highprio", opts.get("highprio", "0"))),
-        memsize=parse_size("memsize", opts.get("memsize", "0")),
-        core_percent=core,
-    )
-    if parse_int("highprio", opts.get("highprio", "0")) not in (0, 1):
-        raise SettingError("inst_ctl: highprio: expected 0 or 1")
-    return arb.provision(name, gpus if gpus is not None else sorted(arb.scheds), s, now)

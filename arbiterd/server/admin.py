@@ -5,10 +5,10 @@
     GET  /v1/status        JSON status (cgpu-smi reads it)
     GET  /metrics          Prometheus text format
 
-Refusals answer 4xx with a one-line ``text/plain`` reason and change nothing:
-400 bad value, 403 read-only, 404 unknown path, 409 conflict (weights, clients),
-507 the state could not be saved. On loopback TCP every request needs
-``Authorization: Bearer <token>``.
+Refusals answer 4xx with a one-line ``text/plain`` reason and change nothing;
+the status comes from the error's type (400 bad value, 403 read-only, 404
+unknown path, 409 conflict), and 507 means the state could not be saved. On
+loopback TCP every request needs ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -17,49 +17,48 @@ import hmac
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from arbiterd.core import tree
-from arbiterd.core.errors import CoreError, NotFoundError, ReadOnlyError, SettingError
+from arbiterd.core.errors import CoreError
+from arbiterd.server.hub import Hub
 from arbiterd.server.metrics import ArbiterCollector
+from arbiterd.server.status import DaemonStatus
 
-if TYPE_CHECKING:
-    from arbiterd.server.daemon import Daemon
-
-DAEMON = web.AppKey("daemon", object)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _daemon(request: web.Request) -> Daemon:
-    d = request.app[DAEMON]
-    return d  # type: ignore[return-value]
+@dataclass(slots=True)
+class Admin:
+    """What the admin handlers work on."""
+
+    hub: Hub
+    status: Callable[[], DaemonStatus]
+    token: str | None
+    registry: CollectorRegistry
+
+
+ADMIN = web.AppKey("admin", Admin)
 
 
 def _text(body: str, status: int = 200) -> web.Response:
     return web.Response(text=body, status=status, content_type="text/plain")
 
 
-def _refusal(exc: Exception) -> web.Response:
+def _refusal(exc: CoreError) -> web.Response:
     reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-    if isinstance(exc, NotFoundError):
-        return _text(reason + "\n", 404)
-    if isinstance(exc, ReadOnlyError):
-        return _text(reason + "\n", 403)
-    if isinstance(exc, SettingError) and ("exceed" in reason or "client" in reason or "below" in reason):
-        return _text(reason + "\n", 409)
-    return _text(reason + "\n", 400)
+    return _text(reason + "\n", exc.http_status)
 
 
 @web.middleware
 async def token_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None and sock.family != socket.AF_UNIX:
-        token = _daemon(request).admin_token or ""
+        token = request.app[ADMIN].token or ""
         given = request.headers.get("Authorization", "")
         if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return _text("missing or wrong bearer token\n", 401)
@@ -67,15 +66,13 @@ async def token_auth(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 async def get_tree(request: web.Request) -> web.Response:
-    d = _daemon(request)
     try:
-        return _text(tree.read(d.arbiter, request.match_info["path"], time.monotonic_ns()))
+        return _text(tree.read(request.app[ADMIN].hub.arbiter, request.match_info["path"], time.monotonic_ns()))
     except CoreError as exc:
         return _refusal(exc)
 
 
 async def put_tree(request: web.Request) -> web.Response:
-    d = _daemon(request)
     if request.content_length is not None and request.content_length > 4096:
         return _text("value too long (4096 bytes at most)\n", 413)
     try:
@@ -83,7 +80,7 @@ async def put_tree(request: web.Request) -> web.Response:
     except UnicodeDecodeError:
         return _text("value is not UTF-8 text\n", 400)
     try:
-        d.admin_write(request.match_info["path"], value)
+        request.app[ADMIN].hub.admin_write(request.match_info["path"], value)
     except CoreError as exc:
         return _refusal(exc)
     except OSError as exc:
@@ -92,20 +89,19 @@ async def put_tree(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(_daemon(request).status())
+    return web.json_response(request.app[ADMIN].status().to_json())
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY])
+    body = generate_latest(request.app[ADMIN].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_admin_app(daemon: Daemon) -> web.Application:
+def make_admin_app(hub: Hub, status: Callable[[], DaemonStatus], token: str | None = None) -> web.Application:
     app = web.Application(middlewares=[token_auth], client_max_size=8192)
-    app[DAEMON] = daemon
     registry = CollectorRegistry()
-    registry.register(ArbiterCollector(daemon))
-    app[REGISTRY] = registry
+    registry.register(ArbiterCollector(hub, status))
+    app[ADMIN] = Admin(hub, status, token, registry)
     app.router.add_get(r"/v1/tree{path:(/.*)?}", get_tree)
     app.router.add_put(r"/v1/tree{path:(/.*)?}", put_tree)
     app.router.add_get("/v1/status", get_status)

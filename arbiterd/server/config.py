@@ -1,113 +1,164 @@
-"""Daemon configuration: a TOML file, overridden by the flags that were given."""
+"""Daemon configuration: a TOML file, overridden by the flags that were given.
+
+Every option is declared once, as a field of :class:`Config` whose metadata
+gives its help, its check and its flag; the per-GPU defaults are the settings
+table of ``arbiterd.core.settings`` (top-level TOML keys and flags named after
+the settings). ``arbiterd``'s argument parser, ``--check-config``, reload and
+the man page are derived from these declarations.
+"""
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from arbiterd.core.errors import SettingError
-from arbiterd.core.scheduler import MAX_INST_RANGE, PRIO_RATIO_RANGE, SLICE_MS_RANGE, GpuSettings
-from arbiterd.core.units import parse_size
+from arbiterd.core.settings import GLOBAL, GPU, GpuSettings, check_gpu_settings, parse_size
 from arbiterd.server.cpu import PRIORITY_RANGE
 
 IDENTITY_SOURCES = ("cgroup", "declared")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+Check = Callable[[str, Any], str | None]  # (name, value) -> an error, or None
+
+
+def _int(lo: int, hi: int) -> Check:
+    def check(name: str, v: Any) -> str | None:
+        ok = not isinstance(v, bool) and isinstance(v, int) and lo <= v <= hi
+        return None if ok else f"{name}: expected an integer {lo}..{hi}, got {v!r}"
+    return check
+
+
+def _seconds(name: str, v: Any) -> str | None:
+    ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 < v <= 3600
+    return None if ok else f"{name}: expected seconds in (0, 3600], got {v!r}"
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(name: str, v: Any) -> str | None:
+        return None if v in choices else f"{name}: expected one of {', '.join(choices)}, got {v!r}"
+    return check
+
+
+def _path(name: str, v: Any) -> str | None:
+    return None if isinstance(v, str) and v else f"{name}: expected a path"
+
+
+def _bool(name: str, v: Any) -> str | None:
+    return None if isinstance(v, bool) else f"{name}: expected true or false, got {v!r}"
+
+
+def _optional_str(name: str, v: Any) -> str | None:
+    return None if v is None or isinstance(v, str) else f"{name}: expected a string, got {v!r}"
+
+
+def _size(name: str, v: Any) -> str | None:
+    try:
+        GLOBAL["default_memsize"].check(str(v))
+    except SettingError as exc:
+        return str(exc).replace("default_memsize", name, 1)
+    return None
+
+
+def _sim_gpus(name: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    from arbiterd.server.devices import parse_sim_gpus
+
+    try:
+        parse_sim_gpus(str(v))
+    except SettingError as exc:
+        return str(exc)
+    return None
+
+
+def _loopback(name: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    host, _, port = str(v).rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "::1", "[::1]") or not port.isdigit():
+        return f"{name}: expected a loopback HOST:PORT, got {v!r}"
+    return None
+
+
+def opt(default: Any, help: str, check: Check, *, metavar: str | None = None, flag: bool = True,
+        restart: bool = False, choices: tuple[str, ...] | None = None) -> Any:
+    """A config option: its default, help and check; ``flag``: also a command-line flag;
+    ``restart``: a reload cannot change it."""
+    return field(default=default, metadata={"help": help, "check": check, "metavar": metavar, "flag": flag,
+                                            "restart": restart, "choices": choices})
 
 
 @dataclass(slots=True)
 class Config:
     """Every setting of ``arbiterd``. Field names are the TOML keys."""
 
-    run_dir: str = "/run/cgpu"
-    state_dir: str = "/var/lib/cgpu"
-    sim_gpus: str | None = None
-    identity: str = "cgroup"
-    proc_root: str = "/proc"
-    trust_client_env: bool = True
-    policy: int = 1
-    max_inst: int = 16
-    prio_ratio: int = 50
-    slice_ms: int = 5
-    overrun_ms: int = 500
-    default_memsize: str = "0"
-    linger_s: int = 60
-    client_mode: int = 0o666
-    client_group: str | None = None
-    admin_mode: int = 0o600
-    admin_group: str | None = None
-    admin_listen: str | None = None
-    max_clients: int = 1024
-    handshake_timeout_s: float = 5.0
-    frame_timeout_s: float = 5.0
-    log_level: str = "info"
-    realtime_priority: int = 0
-    source: str | None = field(default=None, repr=False)
+    run_dir: str = opt("/run/cgpu", "holds arbiter.sock (clients, mode 0666) and admin.sock (admin, 0600)",
+                       _path, metavar="DIR", restart=True)
+    state_dir: str = opt("/var/lib/cgpu", "state.json (settings, written atomically) and admin.token",
+                         _path, metavar="DIR", restart=True)
+    sim_gpus: str | None = opt(None, "simulate GPUs instead of NVML: 2x16GiB, or 16GiB,8GiB", _sim_gpus,
+                               metavar="SPEC", restart=True)
+    identity: str = opt("cgroup", "cgroup: a container's id comes from its cgroup; declared: trust "
+                        "CGPU_INSTANCE (development hosts)", _one_of(IDENTITY_SOURCES), choices=IDENTITY_SOURCES)
+    proc_root: str = opt("/proc", "where peer cgroups are read (tests inject a fake one)", _path, metavar="DIR")
+    trust_client_env: bool = opt(True, "use a client's environment for instances nobody provisioned", _bool)
+    default_memsize: str = opt("0", GLOBAL["default_memsize"].help, _size, metavar="SIZE")
+    linger_s: int = opt(60, "keep an instance record this long after its last client left (s)", _int(0, 86_400),
+                        metavar="S")
+    client_mode: int = opt(0o666, "file mode of arbiter.sock", _int(0, 0o777), flag=False, restart=True)
+    client_group: str | None = opt(None, "group owning arbiter.sock", _optional_str, metavar="GROUP", restart=True)
+    admin_mode: int = opt(0o600, "file mode of admin.sock", _int(0, 0o777), flag=False, restart=True)
+    admin_group: str | None = opt(None, "group owning admin.sock", _optional_str, metavar="GROUP", restart=True)
+    admin_listen: str | None = opt(None, "also serve the admin API on loopback 127.0.0.1:PORT; requests need "
+                                   "'Authorization: Bearer <state-dir/admin.token>'", _loopback,
+                                   metavar="127.0.0.1:PORT", restart=True)
+    max_clients: int = opt(1024, "connections beyond this are refused with an error", _int(1, 100_000),
+                           metavar="N")
+    handshake_timeout_s: float = opt(5.0, "drop a client that sends no hello this long (s)", _seconds, flag=False)
+    frame_timeout_s: float = opt(5.0, "drop a client that leaves a frame half-sent this long (s)", _seconds,
+                                 flag=False)
+    log_level: str = opt("info", "debug, info, warning or error", _one_of(LOG_LEVELS), choices=LOG_LEVELS)
+    realtime_priority: int = opt(0, "run under SCHED_FIFO priority N, 1..99, so a grant goes out as soon as its "
+                                 "request arrives (0: normal scheduling)", _int(*PRIORITY_RANGE), metavar="N",
+                                 restart=True)
+    gpu: GpuSettings = field(default_factory=GpuSettings, metadata={"flag": False})
+    source: str | None = field(default=None, repr=False, metadata={"flag": False})
 
     def gpu_settings(self) -> GpuSettings:
-        return GpuSettings(policy=self.policy, max_inst=self.max_inst, prio_ratio=self.prio_ratio,
-                           slice_ms=self.slice_ms, overrun_ms=self.overrun_ms)
+        """A fresh copy of the per-GPU defaults."""
+        return GpuSettings(**{name: getattr(self.gpu, name) for name in GPU})
 
 
-def _errors(cfg: Config) -> list[str]:
+OPTIONS = {f.name: f for f in fields(Config) if "check" in f.metadata}
+
+
+def from_mapping(data: dict[str, Any]) -> tuple[Config, list[str]]:
+    """A config from ``data`` (TOML keys: options and per-GPU settings); every error found."""
+    cfg = Config()
     errs: list[str] = []
-
-    def rng(name: str, lo: int, hi: int) -> None:
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            errs.append(f"{name}: expected an integer {lo}..{hi}, got {v!r}")
-
-    rng("policy", 0, 5)
-    rng("max_inst", *MAX_INST_RANGE)
-    rng("prio_ratio", *PRIO_RATIO_RANGE)
-    rng("slice_ms", *SLICE_MS_RANGE)
-    rng("overrun_ms", 1, 3_600_000)
-    rng("linger_s", 0, 86_400)
-    rng("max_clients", 1, 100_000)
-    rng("client_mode", 0, 0o777)
-    rng("admin_mode", 0, 0o777)
-    rng("realtime_priority", *PRIORITY_RANGE)
-    if cfg.identity not in IDENTITY_SOURCES:
-        errs.append(f"identity: expected one of {', '.join(IDENTITY_SOURCES)}, got {cfg.identity!r}")
-    if cfg.log_level not in LOG_LEVELS:
-        errs.append(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
-    if not isinstance(cfg.trust_client_env, bool):
-        errs.append(f"trust_client_env: expected true or false, got {cfg.trust_client_env!r}")
-    for name in ("handshake_timeout_s", "frame_timeout_s"):
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
-            errs.append(f"{name}: expected seconds in (0, 3600], got {v!r}")
-    try:
-        parse_size("default_memsize", str(cfg.default_memsize))
-    except SettingError as exc:
-        errs.append(str(exc))
-    if cfg.sim_gpus is not None:
-        from arbiterd.server.devices import parse_sim_gpus
-
+    for key, value in data.items():
+        if key in GPU:
+            try:
+                setattr(cfg.gpu, key, GPU[key].check(value))
+            except SettingError as exc:
+                errs.append(str(exc))
+        elif key in OPTIONS:
+            setattr(cfg, key, value)
+        else:
+            errs.append(f"{key}: unknown setting")
+    for name, f in OPTIONS.items():
+        problem = f.metadata["check"](name, getattr(cfg, name))
+        if problem:
+            errs.append(problem)
+    if not errs:
         try:
-            parse_sim_gpus(cfg.sim_gpus)
+            check_gpu_settings(cfg.gpu)
         except SettingError as exc:
             errs.append(str(exc))
-    if cfg.admin_listen is not None:
-        host, _, port = cfg.admin_listen.rpartition(":")
-        if host not in ("127.0.0.1", "localhost", "::1", "[::1]") or not port.isdigit():
-            errs.append(f"admin_listen: expected a loopback HOST:PORT, got {cfg.admin_listen!r}")
-    for name in ("run_dir", "state_dir", "proc_root"):
-        if not isinstance(getattr(cfg, name), str) or not getattr(cfg, name):
-            errs.append(f"{name}: expected a path")
-    return errs
-
-
-def from_mapping(data: dict[str, Any], base: Config | None = None) -> tuple[Config, list[str]]:
-    """Apply ``data`` onto ``base``; return the config and every error found."""
-    cfg = Config() if base is None else Config(**{f.name: getattr(base, f.name) for f in fields(Config)})
-    known = {f.name for f in fields(Config)} - {"source"}
-    errs = [f"{k}: unknown setting" for k in data if k not in known]
-    for key, value in data.items():
-        if key in known:
-            setattr(cfg, key, value)
-    return cfg, errs + _errors(cfg)
+    return cfg, errs
 
 
 def load(path: str | None, overrides: dict[str, Any]) -> Config:
@@ -140,5 +191,8 @@ def check_file(path: str) -> list[str]:
     data, errs = read_file(path)
     if errs:
         return errs
-    _, errs = from_mapping(data)
-    return errs
+    return from_mapping(data)[1]
+
+
+def default_memsize(cfg: Config) -> int:
+    return parse_size("default_memsize", str(cfg.default_memsize))

@@ -2,27 +2,27 @@
 
 Errors never leave this module: a malformed or oversized frame gets an
 ``error`` message and the connection is closed; a refused request gets an
-``error`` reply and the connection stays. Other clients are never touched.
+``error`` reply (its code from the error's type) and the connection stays.
+Other clients are never touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import cast
 
 from arbiterd import __version__
-from arbiterd.core.arbiter import InstanceSettings, core_weight
-from arbiterd.core.errors import CoreError, IdentityError, NotFoundError
-from arbiterd.core.scheduler import check_range
-from libcgpu_client import wire
-
-if TYPE_CHECKING:
-    from arbiterd.server.daemon import Daemon
+from arbiterd.core.errors import CoreError
+from arbiterd.core.settings import INSTANCE, InstanceSettings
+from arbiterd.server import status as status_mod
+from arbiterd.server.hub import Hub
+from libcgpu_client import protocol as p
 
 log = logging.getLogger("arbiterd.clients")
 _PEERCRED = struct.Struct("3i")
@@ -41,10 +41,11 @@ def peer_credentials(sock: socket.socket | None) -> tuple[int, int, int]:
 
 
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, hub: Hub, status: Callable[[], status_mod.DaemonStatus]) -> None:
+        self.hub = hub
+        self.status = status
         self.transport: asyncio.Transport | None = None
-        self.decoder = wire.Decoder("c2s")
+        self.decoder = p.Decoder()
         self.cid = 0
         self.pid = 0
         self.uid = -1
@@ -57,53 +58,47 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self.pid, self.uid, _ = peer_credentials(self.transport.get_extra_info("socket"))
-        d = self.daemon
-        if len(d.connections) >= d.config.max_clients:
-            log.warning("refusing client pid %d: %d clients connected (max_clients)", self.pid,
-                        len(d.connections))
-            self.fail("busy", f"too many clients: the daemon allows {d.config.max_clients}")
+        hub = self.hub
+        if len(hub.peers) >= hub.config.max_clients:
+            log.warning("refusing client pid %d: %d clients connected (max_clients)", self.pid, len(hub.peers))
+            self.fail("busy", f"too many clients: the daemon allows {hub.config.max_clients}")
             return
-        self.cid = d.new_client_id()
-        d.connections[self.cid] = self
-        d.arbiter.connect(self.cid, self.pid, self.uid)
+        self.cid = hub.attach(self)
+        hub.arbiter.connect(self.cid, self.pid, self.uid)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
         try:
-            for raw in self.decoder.feed_raw(data):
+            for raw in self.decoder.feed(data):
                 self.last_message_at = time.monotonic()
-                if not isinstance(raw, dict):
-                    raise wire.ProtocolError("bad_frame", f"expected a map, got {type(raw).__name__}")
                 try:
-                    msg = wire.validate(raw, "c2s")
-                except wire.ProtocolError as exc:
+                    msg = p.decode(raw, p.C2S)
+                except p.ProtocolError as exc:
                     if exc.code == "bad_frame" or not self.greeted:
                         raise
-                    rid = raw.get("id")
-                    self.send({"op": "error", "re": rid if isinstance(rid, int) else None,
-                               "code": exc.code, "message": exc.message})
+                    self.send(p.Error(exc.code, exc.message, p.request_id(raw)))
                     continue
                 self.handle(msg)
                 if self.closed:
                     return
-        except wire.ProtocolError as exc:
+        except p.ProtocolError as exc:
             log.info("client %d (pid %d): %s; closing", self.cid, self.pid, exc.message)
-            self.daemon.stats_bad_frames += 1
+            self.hub.counters.bad_frames += 1
             self.fail(exc.code, exc.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.daemon.connections.pop(self.cid, None) is not None:
-            self.daemon.apply(self.daemon.arbiter.disconnect(self.cid, time.monotonic_ns()))
+        if self.cid:
+            self.hub.detach(self.cid)
 
     # sending ---------------------------------------------------------------
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: p.Message) -> None:
         if self.transport is not None and not self.closed:
-            self.transport.write(wire.pack(msg))
+            self.transport.write(msg.pack())
 
     def fail(self, code: str, message: str) -> None:
-        self.send({"op": "error", "code": code, "message": message})
+        self.send(p.Error(code, message))
         self.close()
 
     def close(self) -> None:
@@ -115,101 +110,102 @@ class ClientConnection(asyncio.Protocol):
         return self.decoder.pending_bytes > 0
 
     # requests ----------------------------------------------------------------
-    def handle(self, msg: dict[str, Any]) -> None:
-        op = msg["op"]
+    def handle(self, msg: p.Message) -> None:
         if not self.greeted:
-            if op != "hello":
+            if not isinstance(msg, p.Hello):
                 self.fail("bad_request", "the first message must be hello")
                 return
             self.hello(msg)
             return
-        rid = msg.get("id")
         try:
-            handler = _HANDLERS.get(op)
-            if handler is None:
-                raise wire.ProtocolError("bad_request", f"{op} is not a request")
-            handler(self, msg)
-        except IdentityError as exc:
-            self.send({"op": "error", "re": rid, "code": "identity", "message": str(exc)})
-        except NotFoundError as exc:
-            self.send({"op": "error", "re": rid, "code": "not_found", "message": str(exc)})
+            self.dispatch(msg)
         except CoreError as exc:
-            self.send({"op": "error", "re": rid, "code": "refused", "message": str(exc)})
-        except wire.ProtocolError as exc:
-            self.send({"op": "error", "re": rid, "code": exc.code, "message": exc.message})
+            self.send(p.Error(exc.code, str(exc), getattr(msg, "id", None)))
+        except p.ProtocolError as exc:
+            self.send(p.Error(exc.code, exc.message, getattr(msg, "id", None)))
 
-    def hello(self, msg: dict[str, Any]) -> None:
-        common = [v for v in msg["versions"] if v in wire.SUPPORTED_VERSIONS]
+    def dispatch(self, msg: p.Message) -> None:
+        match msg:
+            case p.Acquire():
+                self.acquire(msg)
+            case p.Release():
+                self.release(msg)
+            case p.MemReserve():
+                self.mem_reserve(msg)
+            case p.MemFree():
+                self.mem_free(msg)
+            case p.MemQuery():
+                self.mem_query(msg)
+            case p.Register():
+                self.register(msg)
+            case p.Stats():
+                self.stats(msg)
+            case p.Bye():
+                self.close()
+            case _:
+                raise p.ProtocolError("bad_request", f"{msg.OP} is not a request")
+
+    def hello(self, msg: p.Hello) -> None:
+        common = [v for v in msg.versions if v in p.SUPPORTED_VERSIONS]
         if not common:
-            self.fail("version", f"no common protocol version: daemon speaks {list(wire.SUPPORTED_VERSIONS)}")
+            self.fail("version", f"no common protocol version: daemon speaks {list(p.SUPPORTED_VERSIONS)}")
             return
         self.greeted = True
-        self.send({"op": "welcome", "version": max(common), "server": f"arbiterd/{__version__}",
-                   "max_message": wire.MAX_MESSAGE, "clock": "CLOCK_MONOTONIC"})
+        self.send(p.Welcome(max(common), f"arbiterd/{__version__}", p.MAX_MESSAGE, "CLOCK_MONOTONIC"))
 
-    def op_register(self, msg: dict[str, Any]) -> None:
-        d = self.daemon
-        instance = d.identity.resolve(self.pid, msg.get("instance"))
-        gpus = [d.gpu_index(g) for g in msg["gpus"]]
-        memsize = msg.get("memsize") or []
+    def register(self, msg: p.Register) -> None:
+        hub = self.hub
+        instance = hub.identity.resolve(self.pid, msg.instance)
+        gpus = [hub.gpu_index(g) for g in msg.gpus]
+        memsize = msg.memsize or []
         requested: dict[int, InstanceSettings] = {}
-        core = msg.get("core_percent", 0)
-        if "core_percent" in msg:
-            try:
-                core_weight(core)
-            except CoreError as exc:
-                raise wire.ProtocolError("bad_request", f"register: {exc}") from None
         for i, gpu in enumerate(gpus):
-            weight = check_range("weight", msg.get("weight", 1), 1, 25)
-            highprio = check_range("highprio", msg.get("highprio", 0), 0, 1)
-            mem = memsize[min(i, len(memsize) - 1)] if memsize else 0
-            if mem < 0:
-                raise wire.ProtocolError("bad_request", "register: memsize must not be negative")
-            requested[gpu] = InstanceSettings(weight, bool(highprio), mem, core)
-        reg, effects = d.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns())
+            values = {"weight": 1 if msg.weight is None else msg.weight,
+                      "highprio": 0 if msg.highprio is None else msg.highprio,
+                      "memsize": memsize[min(i, len(memsize) - 1)] if memsize else 0}
+            if msg.core_percent is not None:
+                values["core_percent"] = msg.core_percent
+            requested[gpu] = InstanceSettings(**{k: INSTANCE[k].check(v) for k, v in values.items()})
+        reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns())
         for w in reg.warnings:
             log.warning("client %d (pid %d): %s", self.cid, self.pid, w)
-        self.send({"op": "registered", "re": msg["id"], "instance": reg.instance, "gpus": reg.gpus,
-                   "warnings": reg.warnings})
-        d.apply(effects)
+        self.send(p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus], reg.warnings))
+        hub.apply(effects)
 
-    def op_acquire(self, msg: dict[str, Any]) -> None:
-        self.daemon.apply(self.daemon.arbiter.acquire(self.cid, msg["gpu"], time.monotonic_ns()))
+    def acquire(self, msg: p.Acquire) -> None:
+        self.hub.apply(self.hub.arbiter.acquire(self.cid, msg.gpu, time.monotonic_ns()))
 
-    def op_release(self, msg: dict[str, Any]) -> None:
-        d = self.daemon
-        effects, _ = d.arbiter.release(self.cid, msg["gpu"], msg["lease"], time.monotonic_ns(),
-                                       again=bool(msg.get("again", False)), used_ns=msg["used_ns"])
-        if "id" in msg:
-            self.send({"op": "ok", "re": msg["id"]})
-        d.apply(effects)
+    def release(self, msg: p.Release) -> None:
+        hub = self.hub
+        effects, _ = hub.arbiter.release(self.cid, msg.gpu, msg.lease, time.monotonic_ns(), again=msg.again,
+                                         used_ns=msg.used_ns)
+        if msg.id is not None:
+            self.send(p.Ok(msg.id))
+        hub.apply(effects)
 
-    def op_mem_reserve(self, msg: dict[str, Any]) -> None:
-        dec = self.daemon.arbiter.mem_reserve(self.cid, msg["gpu"], msg["bytes"])
+    def mem_reserve(self, msg: p.MemReserve) -> None:
+        dec = self.hub.arbiter.mem_reserve(self.cid, msg.gpu, msg.bytes)
         if dec.ok:
-            self.send({"op": "ok", "re": msg["id"], "used": dec.used, "limit": dec.limit})
+            self.send(p.Ok(msg.id, dec.used, dec.limit))
         else:
-            self.send({"op": "denied", "re": msg["id"], "used": dec.used, "limit": dec.limit,
-                       "reason": dec.reason})
+            self.send(p.Denied(msg.id, dec.used, dec.limit, dec.reason))
 
-    def op_mem_free(self, msg: dict[str, Any]) -> None:
-        dec = self.daemon.arbiter.mem_free(self.cid, msg["gpu"], msg["bytes"])
-        self.send({"op": "ok", "re": msg["id"], "used": dec.used, "limit": dec.limit})
+    def mem_free(self, msg: p.MemFree) -> None:
+        dec = self.hub.arbiter.mem_free(self.cid, msg.gpu, msg.bytes)
+        if msg.id is not None:
+            self.send(p.Ok(msg.id, dec.used, dec.limit))
 
-    def op_stats(self, msg: dict[str, Any]) -> None:
+    def mem_query(self, msg: p.MemQuery) -> None:
+        dec = self.hub.arbiter.mem_query(self.cid, msg.gpu)
+        self.send(p.Ok(msg.id, dec.used, dec.limit))
+
+    def stats(self, msg: p.Stats) -> None:
         """This client's GPUs, showing only its own instance (nothing of other tenants)."""
-        info = self.daemon.arbiter.client(self.cid)
+        info = self.hub.arbiter.client(self.cid)
         gpus = []
-        for g in self.daemon.status()["gpus"]:
+        for g in self.status().to_json()["gpus"]:
             if g["index"] in info.gpus:
                 g["instances"] = [i for i in g["instances"] if i["id"] == info.instance]
                 gpus.append(g)
-        self.send({"op": "stats", "re": msg["id"], "gpus": gpus})
+        self.send(p.StatsReply(msg.id, gpus))
 
-    def op_bye(self, msg: dict[str, Any]) -> None:
-        self.close()
-
-
-_HANDLERS: dict[str, Callable[[ClientConnection, dict[str, Any]], None]] = {
-    name[3:]: fn for name, fn in vars(ClientConnection).items() if name.startswith("op_")
-}

@@ -7,7 +7,7 @@ import re
 
 from arbiterd.core.arbiter import GpuInfo
 from arbiterd.core.errors import SettingError
-from arbiterd.core.units import GIB, parse_size
+from arbiterd.core.settings import GIB, parse_size
 
 log = logging.getLogger("arbiterd.devices")
 _SIM = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+)\s*$")
@@ -69,11 +69,11 @@ def discover(sim_gpus: str | None) -> list[GpuInfo]:
         gpus = parse_sim_gpus(sim_gpus)
         log.info("using %d simulated GPU(s) (--sim-gpus %s)", len(gpus), sim_gpus)
         return gpus
-    gpus = nvml_gpus()
-    if gpus:
-        for g in gpus:
+    found = nvml_gpus()
+    if found:
+        for g in found:
             log.info("GPU %d: %s %s, %d MiB", g.index, g.name, g.uuid, g.total_mem // 2**20)
-        return gpus
+        return found
     log.warning("no NVML GPU found: falling back to ONE SIMULATED 16 GiB GPU "
                 "(pass --sim-gpus to choose, or install the NVIDIA driver)")
     return [GpuInfo(0, "Simulated GPU", "GPU-sim-00000000-0000-0000-0000-000000000000", 16 * GIB, True)]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from arbiterd.core.arbiter import valid_instance_id
 from arbiterd.core.errors import IdentityError
-from arbiterd.core.tree import valid_instance_id
 
 _CONTAINER_PATTERNS = [
     re.compile(r"/docker/([0-9a-f]{64})(?:/|$)"),

@@ -24,10 +24,6 @@ class Notifier:
         self.watchdog_usec = int(usec) if usec.isdigit() and (not pid or pid == str(os.getpid())) else 0
         self._sock: socket.socket | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self.addr is not None
-
     def send(self, *lines: str) -> None:
         if self.addr is None:
             return

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import os
 import socket
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -101,3 +104,25 @@ class AdminClient:
     def status(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.request("GET", "/v1/status"))
         return doc
+
+
+def add_admin_args(p: argparse.ArgumentParser) -> None:
+    """The flags every operator tool takes to find the admin API."""
+    p.add_argument("--admin", metavar="ADDR",
+                   help="admin.sock path or http://127.0.0.1:PORT (default $CGPU_ADMIN or /run/cgpu/admin.sock)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="bearer token for the TCP admin listener (default $CGPU_ADMIN_TOKEN_FILE)")
+
+
+def run_tool(prog: str, body: Callable[[], int]) -> int:
+    """Run a tool: exit 1 when the daemon refused (its reason printed), 3 when it cannot be reached."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        return 0
+    except Refused as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except Unreachable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 3

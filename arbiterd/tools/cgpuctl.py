@@ -15,16 +15,13 @@ import argparse
 import json
 import sys
 
-from arbiterd.tools.adminclient import AdminClient, Refused, Unreachable
+from arbiterd.tools.adminclient import AdminClient, add_admin_args, run_tool
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cgpuctl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--admin", metavar="ADDR",
-                   help="admin.sock path or http://127.0.0.1:PORT (default $CGPU_ADMIN or /run/cgpu/admin.sock)")
-    p.add_argument("--token-file", metavar="FILE",
-                   help="bearer token for the TCP admin listener (default $CGPU_ADMIN_TOKEN_FILE)")
+    add_admin_args(p)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     ls = sub.add_parser("ls", help="list a folder (default the root)")
     ls.add_argument("path", nargs="?", default="")
@@ -39,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         client = AdminClient.from_env(args.admin, args.token_file)
         if args.cmd in ("ls", "cat"):
             sys.stdout.write(client.get(args.path))
@@ -47,13 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             client.put(args.path, args.value)
         elif args.cmd == "status":
             print(json.dumps(client.status(), indent=2))
-    except Refused as exc:
-        print(f"cgpuctl: {exc}", file=sys.stderr)
-        return 1
-    except Unreachable as exc:
-        print(f"cgpuctl: {exc}", file=sys.stderr)
-        return 3
-    return 0
+        return 0
+
+    return run_tool("cgpuctl", body)
 
 
 if __name__ == "__main__":

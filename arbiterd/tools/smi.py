@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from arbiterd import __version__
-from arbiterd.core.units import format_size
-from arbiterd.tools.adminclient import AdminClient, Refused, Unreachable
+from arbiterd.core.settings import format_size
+from arbiterd.tools.adminclient import AdminClient, add_admin_args, run_tool
 
 
 def _pct(v: float | None) -> str:
@@ -60,17 +60,21 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="cgpu-smi", description="Show GPUs and instances of arbiterd.")
-    p.add_argument("--admin", metavar="ADDR",
-                   help="admin.sock path or http://127.0.0.1:PORT (default $CGPU_ADMIN or /run/cgpu/admin.sock)")
-    p.add_argument("--token-file", metavar="FILE", help="bearer token for the TCP admin listener")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cgpu-smi", description="Show the GPUs and instances of arbiterd.")
+    add_admin_args(p)
     p.add_argument("-l", "--loop", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
     p.add_argument("--json", action="store_true", help="print the status document as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.loop is not None and args.loop <= 0:
         p.error("-l: SECONDS must be positive")
-    try:
+
+    def body() -> int:
         client = AdminClient.from_env(args.admin, args.token_file)
         while True:
             doc = client.status()
@@ -84,14 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.loop is None:
                 return 0
             time.sleep(args.loop)
-    except KeyboardInterrupt:
-        return 0
-    except Refused as exc:
-        print(f"cgpu-smi: {exc}", file=sys.stderr)
-        return 1
-    except Unreachable as exc:
-        print(f"cgpu-smi: {exc}", file=sys.stderr)
-        return 3
+
+    return run_tool("cgpu-smi", body)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
+from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings, RegisteredGpu
 from arbiterd.core.effects import NS_PER_S, Grant
 from arbiterd.core.errors import IdentityError, SettingError
-from arbiterd.core.scheduler import GpuSettings
+from arbiterd.core.settings import GpuSettings
 
 GIB = 1024**3
 
@@ -29,27 +29,27 @@ def reg(arb: Arbiter, cid: int, name: str, weight: int = 1, mem: int = 0, gpus: 
 def test_client_env_sets_settings_of_a_new_instance() -> None:
     arb = make()
     info = reg(arb, 1, "a", weight=2, mem=GIB)
-    assert info["weight"] == 2 and info["mem_limit"] == GIB
+    assert info.weight == 2 and info.mem_limit == GIB
 
 
 def test_provisioned_settings_win_over_client_env() -> None:
     arb = make()
     arb.provision("a", [0], InstanceSettings(3, False, 2 * GIB), 0)
     info = reg(arb, 1, "a", weight=1, mem=GIB)
-    assert info["weight"] == 3 and info["mem_limit"] == 2 * GIB
+    assert info.weight == 3 and info.mem_limit == 2 * GIB
 
 
 def test_later_clients_cannot_change_settings_of_an_existing_instance() -> None:
     arb = make()
     reg(arb, 1, "a", weight=1)
     info = reg(arb, 2, "a", weight=3, mem=GIB)
-    assert info["weight"] == 1 and info["mem_limit"] == 16 * GIB
+    assert info.weight == 1 and info.mem_limit == 16 * GIB
 
 
 def test_untrusted_env_is_ignored() -> None:
     arb = make(trust=False)
     info = reg(arb, 1, "a", weight=3, mem=GIB)
-    assert info["weight"] == 1 and info["mem_limit"] == 16 * GIB
+    assert info.weight == 1 and info.mem_limit == 16 * GIB
 
 
 def test_instance_registered_without_free_weight_gets_weight_zero_and_a_warning() -> None:
@@ -57,7 +57,7 @@ def test_instance_registered_without_free_weight_gets_weight_zero_and_a_warning(
     reg(arb, 1, "a", weight=2)
     arb.connect(2, 2000, 0)
     r, _ = arb.register(2, "b", [0], {0: InstanceSettings(1)}, 0)
-    assert r.gpus[0]["weight"] == 0
+    assert r.gpus[0].weight == 0
     assert any("no GPU time" in w for w in r.warnings)
     assert arb.acquire(2, 0, 0) == []  # never granted
 
@@ -139,7 +139,7 @@ def test_the_arbiter_can_be_deep_copied_to_try_an_admin_write() -> None:
 
 # ----------------------------------------------------- GPU-core percentages (seed 000, SPEC §3)
 
-def reg_core(arb: Arbiter, cid: int, name: str, percent: int, gpu: int = 0) -> tuple[dict[str, object], list[str]]:
+def reg_core(arb: Arbiter, cid: int, name: str, percent: int, gpu: int = 0) -> tuple[RegisteredGpu, list[str]]:
     arb.connect(cid, 1000 + cid, 0)
     r, _ = arb.register(cid, name, [gpu], {gpu: InstanceSettings(core_percent=percent)}, 0)
     return r.gpus[0], r.warnings
@@ -149,9 +149,9 @@ def test_a_core_percentage_is_weight_p_over_5_of_20_slots_on_policy_3() -> None:
     arb = make(max_inst=16)  # policy 1, the default
     info, warnings = reg_core(arb, 1, "a", 30)
     st = arb.scheds[0].settings
-    assert (info["weight"], st.policy, st.max_inst, warnings) == (6, 3, 20, [])
+    assert (info.weight, st.policy, st.max_inst, warnings) == (6, 3, 20, [])
     info, warnings = reg_core(arb, 2, "b", 100, gpu=1)  # the whole GPU fits once it has 20 slots
-    assert (info["weight"], arb.scheds[1].settings.max_inst, warnings) == (20, 20, [])
+    assert (info.weight, arb.scheds[1].settings.max_inst, warnings) == (20, 20, [])
 
 
 def test_a_core_percentage_caps_the_instance_at_p_percent_even_alone() -> None:
@@ -161,7 +161,7 @@ def test_a_core_percentage_caps_the_instance_at_p_percent_even_alone() -> None:
     info, _ = reg_core(arb, 1, "a", 30)
     st = arb.scheds[0].settings
     res = Simulation(GpuSettings(policy=st.policy, max_inst=st.max_inst),
-                     [SimInstance("A", int(str(info["weight"])))]).run(20 * NS_PER_S)
+                     [SimInstance("A", info.weight)]).run(20 * NS_PER_S)
     assert res.instances["A"].share * 100 == pytest.approx(30, abs=0.5)
 
 
@@ -169,7 +169,7 @@ def test_a_core_percentage_on_a_gpu_set_otherwise_is_the_weight_there_with_a_war
     arb = make(max_inst=16)
     reg(arb, 1, "other")  # the GPU is in use on policy 1: it is not switched under it
     info, warnings = reg_core(arb, 2, "a", 30)
-    assert info["weight"] == 6 and arb.scheds[0].settings.policy == 2  # weight 6 > 1 on policy 1 -> 2
+    assert info.weight == 6 and arb.scheds[0].settings.policy == 2  # weight 6 > 1 on policy 1 -> 2
     assert len(warnings) == 1 and "policy 3 with max_inst 20" in warnings[0]
 
 

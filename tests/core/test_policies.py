@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Grant, Revoke
-from arbiterd.core.scheduler import GpuScheduler, GpuSettings
+from arbiterd.core.scheduler import GpuScheduler
+from arbiterd.core.settings import GpuSettings
 from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
 
 TOL = 0.5  # percentage points

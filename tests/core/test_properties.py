@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, Grant, Revoke
 from arbiterd.core.errors import CoreError
-from arbiterd.core.scheduler import NATIVE, GpuScheduler, GpuSettings
+from arbiterd.core.policies import NATIVE
+from arbiterd.core.scheduler import GpuScheduler
+from arbiterd.core.settings import GpuSettings
 from arbiterd.core.sim import SimInstance, Simulation, Workload
 
 NAMES = ["a", "b", "c", "d"]

@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from libcgpu_client import wire
+from libcgpu_client import protocol as proto
 from libcgpu_client.env import EnvError, parse_env
 from tests.native.conftest import Native
 
@@ -38,8 +38,7 @@ def value_for(tname: str, variant: int) -> Any:
 def every_message() -> list[dict[str, Any]]:
     """Each op of the schema (both directions), with all fields and with required fields only."""
     out = []
-    tables = [(op, spec["fields"]) for op, spec in wire.MESSAGES.items()]
-    tables += [("stats", wire.STATS_REPLY)]
+    tables = [(op, {k: (f.type, f.required) for k, f in cls.FIELDS.items()}) for op, cls in proto.MESSAGES.items()]
     for op, fields in tables:
         for variant in range(len(INTS)):
             full = {"op": op, **{k: value_for(t, variant + i) for i, (k, (t, _)) in enumerate(fields.items())}}
@@ -54,12 +53,12 @@ def roundtrip(n: Native, data: bytes) -> subprocess.CompletedProcess[bytes]:
 
 def test_every_schema_message_round_trips_through_the_c_codec(native: Native) -> None:
     msgs = every_message()
-    assert {m["op"] for m in msgs} == set(wire.MESSAGES)
+    assert {m["op"] for m in msgs} == set(proto.MESSAGES)
     res = roundtrip(native, b"".join(msgpack.packb(m, use_bin_type=True) for m in msgs if
-                                     len(msgpack.packb(m)) <= wire.MAX_MESSAGE))
+                                     len(msgpack.packb(m)) <= proto.MAX_MESSAGE))
     assert res.returncode == 0, res.stderr
     back = list(msgpack.Unpacker(io.BytesIO(res.stdout), raw=False))
-    assert back == [m for m in msgs if len(msgpack.packb(m)) <= wire.MAX_MESSAGE]
+    assert back == [m for m in msgs if len(msgpack.packb(m)) <= proto.MAX_MESSAGE]
 
 
 def test_random_values_round_trip(native: Native) -> None:
@@ -82,7 +81,7 @@ def test_random_values_round_trip(native: Native) -> None:
         return {f"k{i}": value(depth + 1) for i in range(rng.choice([0, 1, 15, 16, 20]))}
 
     msgs = [{"op": "x", "v": value(0)} for _ in range(300)]
-    msgs = [m for m in msgs if len(msgpack.packb(m, use_bin_type=True)) <= wire.MAX_MESSAGE]
+    msgs = [m for m in msgs if len(msgpack.packb(m, use_bin_type=True)) <= proto.MAX_MESSAGE]
     res = roundtrip(native, b"".join(msgpack.packb(m, use_bin_type=True) for m in msgs))
     assert res.returncode == 0, res.stderr
     assert list(msgpack.Unpacker(io.BytesIO(res.stdout), raw=False)) == msgs

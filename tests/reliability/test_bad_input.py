@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from arbiterd.core import state, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.errors import CoreError
-from libcgpu_client.wire import MESSAGES
+from libcgpu_client.protocol import MESSAGES
 from tests.helpers import BackgroundGate, DaemonProc, RawClient, tool
 
 GIB = 1024**3
@@ -151,7 +151,7 @@ def test_message_handlers_answer_every_request_without_raising(msgs: list[dict[s
 
     async def go() -> None:
         daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state"))
-        conn = ClientConnection(daemon)
+        conn = ClientConnection(daemon.hub, daemon.status)
         t = Transport()
         conn.connection_made(t)  # type: ignore[arg-type]
         conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "h"}))
@@ -160,7 +160,7 @@ def test_message_handlers_answer_every_request_without_raising(msgs: list[dict[s
             if conn.closed:
                 break
         conn.connection_lost(None)
-        assert daemon.connections == {}
+        assert daemon.hub.peers == {}
 
     asyncio.run(go())
 

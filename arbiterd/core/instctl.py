@@ -1,0 +1,69 @@
+"""``inst_ctl``: provisioning instance records through the settings tree.
+
+    create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]
+    remove ID [gpu=N]
+
+Reading the file lists the provisioned records, one a line, in the form a
+``create`` takes.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from arbiterd.core.arbiter import Arbiter, valid_instance_id
+from arbiterd.core.effects import Effect
+from arbiterd.core.errors import SettingError
+from arbiterd.core.settings import INSTANCE, InstanceSettings
+
+USAGE = ("inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]' "
+         "or 'remove ID [gpu=N]'")
+_OPTION = {"weight": "weight", "core": "core_percent", "highprio": "highprio", "memsize": "memsize"}
+
+
+def listing(arb: Arbiter) -> str:
+    lines = []
+    for (gpu, name), rec in sorted(arb.records.items()):
+        if rec.provisioned:
+            st = arb.scheds[gpu].instances[name]
+            lines.append(f"{name} gpu={gpu} weight={st.weight} highprio={int(st.highprio)} memsize={rec.memsize}")
+    return "".join(line + "\n" for line in lines)
+
+
+def parse_gpus(arb: Arbiter, text: str) -> list[int]:
+    """``0,1`` -> GPU indices of this host; refuses anything else with one line."""
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise SettingError(f"gpu: expected indices like 0,1, got {text!r}") from None
+    for gpu in gpus:
+        arb.sched(gpu)
+    return gpus
+
+
+def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
+    """Carry out one ``inst_ctl`` command."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise SettingError(f"inst_ctl: {exc}") from None
+    if len(words) < 2 or words[0] not in ("create", "remove"):
+        raise SettingError(USAGE)
+    verb, name, rest = words[0], valid_instance_id(words[1]), words[2:]
+    opts: dict[str, str] = {}
+    allowed = {"gpu", *_OPTION} if verb == "create" else {"gpu"}
+    for word in rest:
+        key, sep, val = word.partition("=")
+        if not sep or key not in allowed or key in opts:
+            raise SettingError(f"inst_ctl {verb}: unexpected {word!r}")
+        opts[key] = val
+    gpus = parse_gpus(arb, opts.pop("gpu")) if "gpu" in opts else None
+    if verb == "remove":
+        return arb.unprovision(name, gpus, now)
+    if "core" in opts and "weight" in opts:
+        raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
+    values = {_OPTION[k]: INSTANCE[_OPTION[k]].parse(v) for k, v in opts.items()}
+    return arb.provision(name, gpus if gpus is not None else sorted(arb.scheds), InstanceSettings(**values), now)
+
+
+__all__ = ["listing", "run"]

@@ -1,0 +1,155 @@
+"""The state of one GPU that the scheduler and its policy classes share.
+
+:class:`GpuState` holds the instances, the lease (or, under the native policy,
+one lease per client) and the counters, and the few operations every class
+uses: grant a lease, revoke one, pick by virtual time, pay a debt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.settings import GpuSettings
+
+VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
+DEBT_CAP_SLICES = 20  # debt beyond this (a stalled client) is not repaid by skipping turns
+EXTENDED_NS = 1_000_000_000  # an uncontended lease runs this long before the client renews
+REVOKE_REASONS = ("highprio", "policy", "overrun", "removed", "turn")
+
+
+@dataclass(slots=True, eq=False)
+class InstanceState:
+    """One instance (container) on one GPU."""
+
+    name: str
+    weight: int
+    highprio: bool
+    order: int
+    vruntime: int = 0
+    debt_ns: int = 0
+    held_ns: int = 0
+    grants: int = 0
+    served: int = 0  # sequence number of its last grant: ties go to the least recently served
+    waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
+
+
+@dataclass(frozen=True, slots=True)
+class Bill:
+    """How a lease ended, for the class that bills it."""
+
+    held: int  # billable time: grant to release, less the hand-over discount
+    overrun: int  # billable time past the deadline
+    end: int  # when it really ended
+
+
+class Charger(Protocol):
+    """The class that granted a lease bills it when it ends."""
+
+    def charge(self, lease: Lease, bill: Bill) -> int: ...
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    id: int
+    inst: InstanceState
+    clients: set[int]
+    granted_ns: int
+    deadline_ns: int
+    highprio: bool = False
+    ring: bool = False
+    prepaid_ns: int = 0
+    revoked_ns: int | None = None
+    discount_ns: int = 0
+    nominal_ns: int | None = None  # set while extended: where the lease would have ended
+    native_client: int | None = None  # native policy: the one client of this lease (its key in ``native``)
+    owner: Charger | None = None
+
+
+@dataclass(slots=True)
+class GpuStats:
+    grants: int = 0
+    revocations: int = 0
+    overruns: int = 0
+    late_releases: int = 0
+    busy_ns: int = 0
+
+
+class GpuState:
+    """Instances, leases and counters of one GPU, and the operations every policy shares."""
+
+    def __init__(self, index: int, settings: GpuSettings, now: int) -> None:
+        self.index = index
+        self.settings = settings
+        self.instances: dict[str, InstanceState] = {}
+        self.stats = GpuStats()
+        self.lease: Lease | None = None
+        self.native: dict[int, Lease] = {}
+        self.min_vr = 0
+        # plain counters, not itertools.count: the daemon deep-copies the core to try admin
+        # writes, and copying itertools objects is gone from Python 3.14
+        self._orders = 0
+        self._last_lease = 0
+        self.turns = 0
+        self.busy_since: int | None = None
+
+    @property
+    def slice_ns(self) -> int:
+        return self.settings.slice_ms * NS_PER_MS
+
+    def holders(self) -> list[Lease]:
+        """Every lease now held on this GPU."""
+        held = list(self.native.values())
+        if self.lease is not None:
+            held.append(self.lease)
+        return held
+
+    def normal_members(self) -> list[InstanceState]:
+        return [i for i in self.instances.values() if i.weight > 0 and not i.highprio]
+
+    def next_order(self) -> int:
+        self._orders += 1
+        return self._orders
+
+    def next_lease_id(self) -> int:
+        self._last_lease += 1
+        return self._last_lease
+
+    @staticmethod
+    def pick(candidates: list[InstanceState]) -> InstanceState | None:
+        """The least virtual time; ties go to the least recently served, then the oldest."""
+        if not candidates:
+            return None
+        return min(candidates, key=lambda i: (i.vruntime, i.served, i.order))
+
+    def grant(self, inst: InstanceState, now: int, deadline: int, owner: Charger, *, highprio: bool = False,
+              ring: bool = False, prepaid: int = 0) -> list[Effect]:
+        """Give the GPU to every waiting client of ``inst`` until ``deadline``; ``owner`` bills it."""
+        lease = Lease(self.next_lease_id(), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid,
+                      owner=owner)
+        waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
+        effects: list[Effect] = [Grant(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
+        inst.waiters.clear()
+        inst.grants += 1
+        self.stats.grants += 1
+        self.turns += 1
+        inst.served = self.turns
+        self.lease = lease
+        if self.busy_since is None:
+            self.busy_since = now
+        return effects
+
+    def revoke(self, lease: Lease, now: int, reason: str) -> list[Effect]:
+        """Ask the holders of ``lease`` to give it back (once)."""
+        if lease.revoked_ns is not None:
+            return []
+        lease.revoked_ns = now
+        self.stats.revocations += 1
+        return [Revoke(c, self.index, lease.id, reason) for c in sorted(lease.clients)]
+
+    def charge_vtime(self, inst: InstanceState, ns: int, weight: int) -> None:
+        inst.vruntime += ns * VR_SCALE // weight
+
+    def add_debt(self, inst: InstanceState, overrun: int) -> None:
+        inst.debt_ns = min(inst.debt_ns + overrun, DEBT_CAP_SLICES * self.slice_ns)

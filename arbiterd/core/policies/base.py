@@ -1,0 +1,76 @@
+"""What every policy class provides: the scheduler calls through this and never asks which it holds.
+
+Like Linux's ``struct sched_class``: the scheduler asks the high-priority class
+first and the GPU's policy second, for a verdict on the current holder
+(:meth:`holder_check`) or for the next grant (:meth:`pick`). A lease is charged
+by the class that granted it (:meth:`charge`), so a lease granted under an old
+policy is billed by that policy's rules even after the switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import ClassVar
+
+from arbiterd.core.effects import Effect
+from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+
+
+class Policy:
+    """One scheduling policy of one GPU (the defaults are those of the time-sliced policies)."""
+
+    number: ClassVar[int]
+    name: ClassVar[str]
+    concurrent: ClassVar[bool] = False  # every client gets a lease of its own, at once (native)
+    conserving: ClassVar[bool] = False  # time nobody with demand wants goes to whoever wants it
+
+    def __init__(self, gpu: GpuState, now: int) -> None:
+        self.gpu = gpu
+        self.retired = False  # the GPU switched to another policy; leases it granted may still end
+
+    # membership -------------------------------------------------------------
+    def changed(self, now: int) -> None:
+        """Instances, weights, priorities, max_inst or the slice changed."""
+
+    def demand(self, inst: InstanceState, now: int) -> None:
+        """``inst`` starts to want the GPU (it had neither a waiter nor a lease)."""
+
+    def removed(self, inst: InstanceState) -> None:
+        """``inst`` is gone."""
+
+    def weight_switch(self, weight: int) -> int | None:
+        """The policy a GPU on this one switches to when an instance of ``weight`` joins, if any."""
+        return None
+
+    # scheduling ---------------------------------------------------------------
+    def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
+        """Effects for the current holder (a cut-back or revoke), or None to keep it."""
+        return None
+
+    def pick(self, now: int) -> list[Effect]:
+        """Grant the GPU to whoever should have it now (nothing: it stays idle)."""
+        raise NotImplementedError
+
+    def wakeup(self) -> int | None:
+        """When this policy next wants :meth:`pick` called while clients wait, if ever."""
+        return None
+
+    def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
+        """The share of GPU time each normal instance is owed while ``active`` have demand.
+
+        ``rest`` is what high priority leaves to the normal instances.
+        """
+        raise NotImplementedError
+
+    # accounting ----------------------------------------------------------------
+    def vtime_weight(self, inst: InstanceState) -> int:
+        """The weight that divides ``inst``'s virtual-time charges."""
+        return max(inst.weight, 1)
+
+    def charge(self, lease: Lease, bill: Bill) -> int:
+        """The time ``lease`` is billed (virtual time); overrun becomes debt for the next turn."""
+        self.gpu.add_debt(lease.inst, bill.overrun)
+        return max(0, bill.held - bill.overrun - lease.prepaid_ns)
+
+    def after_charge(self, inst: InstanceState | None) -> None:
+        """A lease of ``inst`` has been charged (keeps the virtual-time floor)."""

@@ -1,0 +1,101 @@
+"""High priority: a class above every policy, like Linux's real-time class above CFS.
+
+A high-priority instance runs on a credit that grows at ``prio_ratio`` % of wall
+time and is spent 1:1 while it holds the GPU. At most two slices' worth can be
+banked, so over any window it gets at most ``prio_ratio`` % plus two slices.
+With demand and credit for a slice it preempts a normal holder by revoke; the
+policy below never sees it then. Under the work-conserving policies (1, 4) an
+instance out of credit may still take time no normal instance wants: that is
+the policy's choice (its candidates), not this class's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from arbiterd.core.effects import Effect
+from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+
+
+class HighPriority:
+    def __init__(self, gpu: GpuState, now: int) -> None:
+        self.gpu = gpu
+        self.credit = self.cap()
+        self.t = now
+
+    def cap(self) -> int:
+        # Two slices' worth of banked credit: over any window W a high-priority
+        # instance gets at most prio_ratio % of W plus two slices.
+        return (100 - self.gpu.settings.prio_ratio) * 2 * self.gpu.slice_ns
+
+    def threshold(self) -> int:
+        return (100 - self.gpu.settings.prio_ratio) * self.gpu.slice_ns
+
+    def accrue(self, now: int) -> None:
+        dt = now - self.t
+        if dt <= 0:
+            return
+        self.t = now
+        self.credit += self.gpu.settings.prio_ratio * dt
+        lease = self.gpu.lease
+        if lease is None or not lease.highprio:
+            self.credit = min(self.credit, self.cap())
+
+    def clamp(self) -> None:
+        """After ``prio_ratio`` or the slice changed: no more banked than the new cap."""
+        self.credit = min(self.credit, self.cap())
+
+    def candidate(self) -> InstanceState | None:
+        return self.gpu.pick([i for i in self.gpu.instances.values() if i.highprio and i.weight > 0 and i.waiters])
+
+    def ready(self, now: int) -> bool:
+        self.accrue(now)
+        return self.credit >= self.threshold()
+
+    def ready_at(self) -> int:
+        missing = self.threshold() - self.credit
+        if missing <= 0:
+            return self.t
+        return self.t + -(-missing // self.gpu.settings.prio_ratio)
+
+    def spend(self, held: int) -> None:
+        self.credit = min(self.credit - 100 * held, self.cap())
+
+    def charge(self, lease: Lease, bill: Bill) -> int:
+        """A high-priority lease spends its credit and is billed all it held."""
+        self.spend(bill.held)
+        return max(0, bill.held - lease.prepaid_ns)
+
+    def shares(self, active: Collection[str], conserving: bool, normal_active: bool) -> tuple[dict[str, float], float]:
+        """What high-priority instances with demand are owed, and what that leaves to the others.
+
+        Together they get ``prio_ratio`` %, split by weight, or all of it on a
+        work-conserving policy where no normal instance wants the GPU.
+        """
+        hp = [i for i in self.gpu.instances.values() if i.highprio and i.weight > 0 and i.name in active]
+        if not hp:
+            return {}, 1.0
+        ratio = 1.0 if conserving and not normal_active else self.gpu.settings.prio_ratio / 100
+        total = sum(i.weight for i in hp)
+        return {i.name: ratio * i.weight / total for i in hp}, 1.0 - ratio
+
+    # the class interface ------------------------------------------------------
+    def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
+        """Revoke a normal holder while a high-priority instance waits with credit."""
+        if not lease.highprio and self.candidate() is not None and self.ready(now):
+            return self.gpu.revoke(lease, now, "highprio")
+        return None
+
+    def pick(self, now: int) -> list[Effect] | None:
+        hp = self.candidate()
+        if hp is None or not self.ready(now):
+            return None
+        r = self.gpu.settings.prio_ratio
+        length = min(self.credit // (100 - r), hp.weight * self.gpu.slice_ns)
+        return self.gpu.grant(hp, now, now + max(length, 1), self, highprio=True)
+
+    def wakeup(self, lease: Lease | None) -> int | None:
+        """When a waiting high-priority instance will have credit for a slice."""
+        if lease is not None and (lease.highprio or lease.revoked_ns is not None):
+            return None
+        return self.ready_at() if self.candidate() is not None else None

@@ -1,0 +1,42 @@
+"""Policy 5, native: no time slicing. Every request is granted at once, concurrently.
+
+Each client gets a lease of its own with a long deadline; only memory isolation
+and accounting remain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from arbiterd.core.effects import NS_PER_MS, Effect, Grant
+from arbiterd.core.model import InstanceState, Lease
+from arbiterd.core.policies.base import Policy
+
+NATIVE_LEASE_NS = 1000 * NS_PER_MS
+
+
+class Native(Policy):
+    number = 5
+    name = "native"
+    concurrent = True
+
+    def pick(self, now: int) -> list[Effect]:
+        gpu = self.gpu
+        effects: list[Effect] = []
+        for inst in gpu.instances.values():
+            if inst.weight == 0 or not inst.waiters:
+                continue
+            for client, t in list(inst.waiters.items()):
+                lease = Lease(gpu.next_lease_id(), inst, {client}, now, now + NATIVE_LEASE_NS,
+                              native_client=client, owner=self)
+                gpu.native[client] = lease
+                inst.grants += 1
+                gpu.stats.grants += 1
+                effects.append(Grant(client, gpu.index, lease.id, lease.deadline_ns, now - t))
+            inst.waiters.clear()
+        if gpu.native and gpu.busy_since is None:
+            gpu.busy_since = now
+        return effects
+
+    def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
+        return {i.name: 1.0 if i.name in active else 0.0 for i in members}

@@ -1,0 +1,115 @@
+"""Policies 0 and 3: a fixed ring of ``max_inst`` slots turned by the clock.
+
+* 0, fixed: each instance owns one slot.
+* 3, fixed core: an instance of weight w owns w consecutive slots, a hard cap of
+  w / max_inst of the GPU whether or not it is otherwise idle.
+
+Unowned slots, and slots whose owner has no work, leave the GPU idle. An owner
+that overruns its segment owes the overrun (``debt_ns``), which is taken off its
+next segment, so the cap holds exactly in the long run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from arbiterd.core.effects import Effect
+from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+from arbiterd.core.policies.base import Policy
+
+
+class Ring(Policy):
+    def __init__(self, gpu: GpuState, now: int) -> None:
+        super().__init__(gpu, now)
+        self.segments: list[tuple[InstanceState | None, int]] = []
+        self.idx = 0
+        self.seg_end = now
+        self.dirty = True
+
+    def slots(self, inst: InstanceState) -> int:
+        return inst.weight
+
+    def changed(self, now: int) -> None:
+        self.dirty = True
+
+    def rebuild(self, now: int) -> None:
+        gpu = self.gpu
+        old_owner = self.segments[self.idx][0] if self.segments else None
+        segs: list[tuple[InstanceState | None, int]] = []
+        used = 0
+        for inst in sorted(gpu.normal_members(), key=lambda i: i.order):
+            n = self.slots(inst)
+            if used + n > gpu.settings.max_inst:
+                break
+            segs.append((inst, n * gpu.slice_ns))
+            used += n
+        if used < gpu.settings.max_inst:
+            segs.append((None, (gpu.settings.max_inst - used) * gpu.slice_ns))
+        self.segments = segs
+        self.dirty = False
+        owners = [s[0] for s in segs]
+        if old_owner is not None and old_owner in owners and self.seg_end > now:
+            self.idx = owners.index(old_owner)
+        else:
+            self.start(0, now)
+
+    def start(self, idx: int, start: int) -> None:
+        """Begin segment ``idx`` at ``start``, skipping segments whose owner's debt covers them."""
+        for _ in range(len(self.segments)):
+            owner, length = self.segments[idx]
+            if owner is not None and owner.debt_ns >= length:
+                owner.debt_ns -= length
+                idx = (idx + 1) % len(self.segments)
+                continue
+            if owner is not None:
+                length -= owner.debt_ns
+                owner.debt_ns = 0
+            self.idx, self.seg_end = idx, start + length
+            return
+        self.idx, self.seg_end = idx, start + self.segments[idx][1]
+
+    def pick(self, now: int) -> list[Effect]:
+        gpu = self.gpu
+        if self.dirty:
+            self.rebuild(now)
+        round_ns = gpu.settings.max_inst * gpu.slice_ns
+        if now - self.seg_end > 2 * round_ns:  # skip whole idle rounds at once
+            rounds = (now - self.seg_end) // round_ns - 1
+            self.seg_end += rounds * round_ns
+            for owner, length in self.segments:
+                if owner is not None:
+                    owner.debt_ns = max(0, owner.debt_ns - rounds * length)
+        while now >= self.seg_end:
+            self.start((self.idx + 1) % len(self.segments), self.seg_end)
+        owner = self.segments[self.idx][0]
+        if owner is not None and owner.waiters:
+            return gpu.grant(owner, now, self.seg_end, self, ring=True)
+        return []
+
+    def wakeup(self) -> int | None:
+        return self.seg_end
+
+    def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
+        """A hard cap: owned slots over all slots, whoever else wants the GPU."""
+        top = self.gpu.settings.max_inst
+        return {i.name: rest * self.slots(i) / top if i.name in active else 0.0 for i in members}
+
+    def charge(self, lease: Lease, bill: Bill) -> int:
+        """The owner pays its overrun off its next segment; a segment that ran out turns the ring."""
+        self.gpu.add_debt(lease.inst, bill.overrun)
+        if bill.end >= lease.deadline_ns and self.segments and not self.dirty and not self.retired:
+            self.start((self.idx + 1) % len(self.segments), bill.end)
+        return max(0, bill.held - lease.prepaid_ns)
+
+
+class Fixed(Ring):
+    number = 0
+    name = "fixed"
+
+    def slots(self, inst: InstanceState) -> int:
+        return 1
+
+
+class FixedCore(Ring):
+    number = 3
+    name = "fixed-core"

@@ -1,0 +1,216 @@
+"""Policies 1, 2 and 4: the next holder by weighted virtual time, like Linux CFS.
+
+Holding for ``t`` ns adds ``t * VR_SCALE / weight`` to an instance's
+``vruntime`` and the smallest goes next. An instance that comes back from idle
+joins at the tail of the current round (the largest ``vruntime`` among
+instances with demand, never below the GPU's ``min_vr``, which only moves
+forward), so it cannot bank credit and nobody waits more than one round.
+
+* 1, preemptive: every weight counts as 1, one slice a turn; instances without
+  demand are skipped.
+* 2, weighted: a turn is ``weight`` slices; instances without demand keep their
+  turn, which passes with the GPU idle, and an early release keeps the rest of
+  the turn idle unless the owner comes back.
+* 4, weak: weighted turns, work-conserving: time nobody with demand wants goes
+  to whoever wants it.
+
+A lease is *extended* while no other instance wants the GPU (a lone instance
+never renews); when another starts to wait, the holder keeps its nominal turn
+and no more. Time held past a deadline is debt, paid by shortening (or
+skipping) the next turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from arbiterd.core.effects import Effect, Grant
+from arbiterd.core.model import EXTENDED_NS, VR_SCALE, Bill, GpuState, InstanceState, Lease
+from arbiterd.core.policies.base import Policy
+
+
+class VirtualTime(Policy):
+    """The virtual-time mechanics shared by policies 1, 2 and 4."""
+
+    conserving = True
+
+    def demand(self, inst: InstanceState, now: int) -> None:
+        """Put an instance that (re)gains demand at the tail of the current round.
+
+        It joins behind every instance that already has demand, so it waits at most
+        one round, and it cannot bring back credit from before it went idle. A holder
+        counts with the time of its running lease (which is charged only at release).
+        """
+        gpu = self.gpu
+        active = [i.vruntime for i in gpu.instances.values() if i is not inst and i.weight > 0 and i.waiters]
+        for lease in gpu.holders():
+            if lease.inst is not inst and lease.inst.weight > 0:
+                # up to the deadline only: time past it is debt, charged at the holder's next turn
+                running = max(0, min(now, lease.deadline_ns) - lease.granted_ns - lease.prepaid_ns)
+                active.append(lease.inst.vruntime + running * VR_SCALE // self.vtime_weight(lease.inst))
+        inst.vruntime = max([inst.vruntime, gpu.min_vr, *active])
+
+    def counts_for_floor(self, inst: InstanceState) -> bool:
+        """Whether ``inst`` holds ``min_vr`` back though it has no demand."""
+        return False
+
+    def after_charge(self, inst: InstanceState | None) -> None:
+        """Move ``min_vr`` forward to the least vruntime among instances with demand.
+
+        ``inst``, whose lease just ended, counts too (as CFS counts ``curr``): while
+        one instance runs alone, ``min_vr`` follows it, so an instance that comes back
+        later cannot claim that time.
+        """
+        gpu = self.gpu
+        holding = {lease.inst for lease in gpu.holders()}
+        active = [i.vruntime for i in gpu.instances.values()
+                  if i.weight > 0 and (i.waiters or i in holding or i is inst or self.counts_for_floor(i))]
+        if active:
+            gpu.min_vr = max(gpu.min_vr, min(active))
+
+    def turn_ns(self, inst: InstanceState) -> int:
+        """The nominal length of one turn of ``inst``: ``weight`` slices."""
+        return inst.weight * self.gpu.slice_ns
+
+    def contended(self, inst: InstanceState) -> bool:
+        """Whether another instance wants the GPU that ``inst`` holds."""
+        return any(i.waiters for i in self.gpu.normal_members() if i is not inst)
+
+    def pay_debt(self, inst: InstanceState, full: int) -> int:
+        """Length of the lease ``inst`` gets for a turn of ``full`` ns after paying its debt.
+
+        A debt of a whole turn or more skips the turn (charged as used): 0 is returned.
+        """
+        w = self.vtime_weight(inst)
+        if inst.debt_ns >= full:
+            inst.debt_ns -= full
+            inst.vruntime += full * VR_SCALE // w
+            return 0
+        length = full - inst.debt_ns
+        inst.vruntime += inst.debt_ns * VR_SCALE // w
+        inst.debt_ns = 0
+        return length
+
+    def next_turn(self, candidates: list[InstanceState]) -> tuple[InstanceState, int]:
+        """The next instance and its lease length, once debts are paid (debts only shrink, so this ends)."""
+        while True:
+            inst = self.gpu.pick(candidates)
+            assert inst is not None
+            length = self.pay_debt(inst, self.turn_ns(inst))
+            if length > 0:
+                return inst, length
+
+    def grant_turn(self, inst: InstanceState, now: int, length: int) -> list[Effect]:
+        """Grant a turn; extend it while nobody else wants the GPU (no renewals when alone)."""
+        if self.contended(inst) or inst.highprio:
+            return self.gpu.grant(inst, now, now + length, self)
+        effects = self.gpu.grant(inst, now, now + max(length, EXTENDED_NS), self)
+        assert self.gpu.lease is not None
+        self.gpu.lease.nominal_ns = now + length
+        return effects
+
+    def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
+        """Someone else wants the GPU: an extended holder keeps its nominal turn, and no more."""
+        nominal = lease.nominal_ns
+        if nominal is None or lease.revoked_ns is not None or not self.contended(lease.inst):
+            return None
+        lease.nominal_ns = None
+        if now >= nominal:
+            lease.deadline_ns = now  # the turn is over: not an early release, no idle rest of turn
+            return self.gpu.revoke(lease, now, "turn")
+        lease.deadline_ns = nominal
+        return [Grant(c, self.gpu.index, lease.id, nominal, 0) for c in sorted(lease.clients)]
+
+    def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
+        """Work-conserving: weights among the instances with demand."""
+        total = sum(self.vtime_weight(i) for i in members if i.name in active) or 1
+        return {i.name: rest * self.vtime_weight(i) / total if i.name in active else 0.0 for i in members}
+
+    def pick(self, now: int) -> list[Effect]:
+        """Work-conserving: the least virtual time among instances with demand."""
+        gpu = self.gpu
+        candidates = [i for i in gpu.normal_members() if i.waiters]
+        if not candidates:  # leftover time goes to high-priority instances past their cap
+            candidates = [i for i in gpu.instances.values() if i.weight > 0 and i.waiters]
+        if not candidates:
+            return []
+        inst, length = self.next_turn(candidates)
+        return self.grant_turn(inst, now, length)
+
+
+class Preemptive(VirtualTime):
+    number = 1
+    name = "preemptive"
+
+    def vtime_weight(self, inst: InstanceState) -> int:
+        return 1
+
+    def turn_ns(self, inst: InstanceState) -> int:
+        return self.gpu.slice_ns
+
+    def weight_switch(self, weight: int) -> int | None:
+        return Weighted.number if weight > 1 else None
+
+
+class Weak(VirtualTime):
+    number = 4
+    name = "weak"
+
+
+class Weighted(VirtualTime):
+    number = 2
+    name = "weighted"
+    conserving = False
+
+    def __init__(self, gpu: GpuState, now: int) -> None:
+        super().__init__(gpu, now)
+        self.turn: tuple[InstanceState, int] | None = None  # the owner of an idle turn, and its end
+
+    def removed(self, inst: InstanceState) -> None:
+        if self.turn is not None and self.turn[0] is inst:
+            self.turn = None
+
+    def counts_for_floor(self, inst: InstanceState) -> bool:
+        return True  # a registered instance's turns pass even while it is idle
+
+    def contended(self, inst: InstanceState) -> bool:
+        return any(i is not inst for i in self.gpu.normal_members())
+
+    def charge(self, lease: Lease, bill: Bill) -> int:
+        """An early release keeps the turn: the rest passes idle unless the owner comes back."""
+        early = lease.granted_ns + bill.held < lease.deadline_ns
+        if not self.retired and lease.nominal_ns is None and early and not self.gpu.native:
+            self.turn = (lease.inst, lease.deadline_ns)
+            return max(0, lease.deadline_ns - lease.granted_ns - lease.prepaid_ns)
+        return super().charge(lease, bill)
+
+    def wakeup(self) -> int | None:
+        return self.turn[1] if self.turn is not None else None
+
+    def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
+        """Weights among all registered instances: an idle one's turns pass with the GPU idle."""
+        total = sum(i.weight for i in members) or 1
+        return {i.name: rest * i.weight / total if i.name in active else 0.0 for i in members}
+
+    def pick(self, now: int) -> list[Effect]:
+        gpu = self.gpu
+        if self.turn is not None:
+            owner, end = self.turn
+            if now < end:
+                if owner.waiters:
+                    self.turn = None
+                    return gpu.grant(owner, now, end, self, prepaid=end - now)
+                return []
+            self.turn = None
+        members = gpu.normal_members()
+        if not any(i.waiters for i in members):
+            return []
+        inst, length = self.next_turn(members)
+        if inst.waiters:
+            return self.grant_turn(inst, now, length)
+        inst.vruntime += length * VR_SCALE // inst.weight
+        gpu.turns += 1
+        inst.served = gpu.turns  # an idle turn is a turn
+        self.turn = (inst, now + length)
+        self.after_charge(None)
+        return []

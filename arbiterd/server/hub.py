@@ -1,0 +1,145 @@
+"""The daemon's shared state: the core, the connected clients, and the one place effects become messages.
+
+:class:`Hub` sits between the sans-I/O core and everything that talks: client
+connections register as peers, the admin API writes through it, and every
+:class:`~arbiterd.core.effects.Effect` the core returns goes out through
+:meth:`Hub.apply`, which also keeps the core's timer armed. It imports none of
+the modules that use it (connection, admin, metrics, daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import logging
+import time
+from typing import Protocol
+
+from arbiterd.core import state as core_state
+from arbiterd.core import tree
+from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
+from arbiterd.core.effects import NS_PER_S, Effect
+from arbiterd.core.effects import Grant as GrantEffect
+from arbiterd.core.errors import NotFoundError
+from arbiterd.server.config import Config, default_memsize
+from arbiterd.server.counters import Counters
+from arbiterd.server.identity import IdentityResolver
+from arbiterd.server.persist import StateStore
+from libcgpu_client.protocol import Grant, Message, Revoke
+
+log = logging.getLogger("arbiterd")
+
+
+class Peer(Protocol):
+    """A connected client, as the hub sees it."""
+
+    cid: int
+    pid: int
+
+    def send(self, msg: Message) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def new_arbiter(cfg: Config, gpus: list[GpuInfo], now: int) -> Arbiter:
+    acfg = ArbiterConfig(trust_client_env=cfg.trust_client_env, default_memsize=default_memsize(cfg),
+                         linger_ns=cfg.linger_s * NS_PER_S)
+    return Arbiter(gpus, acfg, {g.index: cfg.gpu_settings() for g in gpus}, now)
+
+
+class Hub:
+    def __init__(self, config: Config, gpus: list[GpuInfo], store: StateStore) -> None:
+        self.config = config
+        self.gpus = gpus
+        self.store = store
+        self.arbiter = new_arbiter(config, gpus, time.monotonic_ns())
+        self.identity = IdentityResolver(config.identity, config.proc_root)
+        self.peers: dict[int, Peer] = {}
+        self.counters = Counters()
+        self._ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self._arm_pending = False
+
+    # ----------------------------------------------------------- clients
+    def attach(self, peer: Peer) -> int:
+        cid = next(self._ids)
+        self.peers[cid] = peer
+        return cid
+
+    def detach(self, cid: int) -> None:
+        if self.peers.pop(cid, None) is not None:
+            self.apply(self.arbiter.disconnect(cid, time.monotonic_ns()))
+
+    def gpu_index(self, ref: int | str) -> int:
+        """A GPU of this host by index or UUID."""
+        if isinstance(ref, int):
+            if ref in self.arbiter.scheds:
+                return ref
+        else:
+            for g in self.gpus:
+                if g.uuid == ref or (ref.isdigit() and int(ref) == g.index):
+                    return g.index
+        raise NotFoundError(f"no GPU {ref!r} on this host")
+
+    # ----------------------------------------------------- effects & timer
+    def apply(self, effects: list[Effect]) -> None:
+        """Send each effect to its client as a message, and keep the core's timer armed."""
+        for eff in effects:
+            peer = self.peers.get(eff.client)
+            if peer is None:
+                continue
+            if isinstance(eff, GrantEffect):
+                peer.send(Grant(eff.gpu, eff.lease, eff.deadline_ns))
+                self.counters.granted(eff.waited_ns)
+            else:
+                peer.send(Revoke(eff.gpu, eff.lease, eff.reason))
+                self.counters.revokes_sent += 1
+                if eff.reason == "overrun":
+                    log.warning("GPU %d client %d (pid %d): lease %d overran its deadline; revoked",
+                                eff.gpu, peer.cid, peer.pid, eff.lease)
+        if not self._arm_pending:  # once per loop iteration, however many messages it handled
+            self._arm_pending = True
+            asyncio.get_running_loop().call_soon(self._arm_timer)
+
+    def _arm_timer(self) -> None:
+        self._arm_pending = False
+        at = self.arbiter.next_wakeup()
+        if self._timer is not None and self._timer_at is not None and (at is None or at >= self._timer_at):
+            # the armed timer comes first: keep it (a tick with nothing due only arms the next);
+            # re-arming on every message costs more than the odd early tick
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is not None:
+            delay = max(0.0, (at - time.monotonic_ns()) / 1e9)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.apply(self.arbiter.tick(time.monotonic_ns()))
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # ------------------------------------------------------------ admin
+    def admin_write(self, path: str, value: str) -> None:
+        """Apply an admin write only if the new state can be saved first; else change nothing."""
+        now = time.monotonic_ns()
+        trial = copy.deepcopy(self.arbiter)
+        tree.write(trial, path, value, now)
+        self.store.save(core_state.snapshot(trial))
+        self.apply(tree.write(self.arbiter, path, value, now))
+        log.info("admin: %s <- %s", path.strip("/"), value.strip())
+
+    def save_state(self) -> None:
+        try:
+            self.store.save(core_state.snapshot(self.arbiter))
+        except OSError as exc:
+            log.error("state: could not save %s: %s", self.store.path, exc.strerror)

@@ -1,0 +1,93 @@
+"""Framing: one msgpack map per message over a SOCK_STREAM socket, bounded in size.
+
+:class:`Decoder` is msgpack's streaming ``Unpacker`` with the protocol's limits;
+it yields decoded frames, which :func:`~libcgpu_client.protocol.messages.decode`
+turns into messages. Anything malformed is a :class:`ProtocolError` whose code
+says how the peer is answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+MAX_MESSAGE = 64 * 1024
+MAX_MAP_KEYS = 64
+MAX_ARRAY_ITEMS = 4096
+ERROR_CODES = ("bad_frame", "too_large", "unknown_op", "bad_request", "version", "identity",
+               "refused", "not_found", "busy")
+
+
+class ProtocolError(Exception):
+    """The peer sent something the protocol does not allow (``code`` is one of ERROR_CODES)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def pack(fields: dict[str, Any]) -> bytes:
+    """One frame (the caller built ``fields`` from a message: no checks here)."""
+    data: bytes = msgpack.packb(fields, use_bin_type=True)
+    return data
+
+
+class Decoder:
+    """Streaming decoder: feed bytes, iterate complete frames. Raises ProtocolError on bad input."""
+
+    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+        self.max_message = max_message
+        self._unpacker = msgpack.Unpacker(
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=2 * max_message,
+            max_str_len=max_message,
+            max_bin_len=max_message,
+            max_array_len=MAX_ARRAY_ITEMS,
+            max_map_len=MAX_MAP_KEYS,
+            max_ext_len=0,
+        )
+        self._fed = 0
+
+    def feed(self, data: bytes) -> Iterator[Any]:
+        """Feed ``data``; iterate every complete frame in it, decoded but not yet validated."""
+        if len(data) <= self.max_message:  # the usual case: one read, no chunking (a hot path)
+            self._feed_chunk(data)
+            return self._drain()
+        return self._feed_chunks(data)
+
+    def _feed_chunks(self, data: bytes) -> Iterator[Any]:
+        view = memoryview(data)
+        step = self.max_message
+        for start in range(0, len(view), step):
+            self._feed_chunk(view[start:start + step])
+            yield from self._drain()
+
+    def _feed_chunk(self, chunk: bytes | memoryview) -> None:
+        self._fed += len(chunk)
+        try:
+            self._unpacker.feed(chunk)
+        except msgpack.BufferFull:
+            raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+
+    def _drain(self) -> Iterator[Any]:
+        # iterating the Unpacker ends quietly where the data does (no OutOfData raised per feed)
+        try:
+            yield from self._unpacker
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                TypeError, UnicodeDecodeError) as exc:
+            if "exceeds" in str(exc):
+                raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
+            raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
+        if self.pending_bytes > self.max_message:
+            raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes")
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes fed that do not yet form a whole message (a frame still arriving)."""
+        return int(self._fed - self._unpacker.tell())

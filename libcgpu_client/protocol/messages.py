@@ -1,0 +1,296 @@
+"""Every message of the cgpu protocol, version 1, as a typed constructor with its validation.
+
+A message is a frozen dataclass registered under its ``op``; its fields are
+the wire fields. A field with no default is required (``X | None`` without a
+default: required, may be nil); a field with a default is optional and left
+off the wire while it holds that default. :func:`decode` checks a decoded
+frame against its class and builds it; :meth:`Message.pack` frames one.
+``proto/schema.json`` is generated from these classes (schema.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from libcgpu_client.protocol.codec import ProtocolError, pack
+
+C2S, S2C = "c2s", "s2c"
+REVOKE_REASONS = ("highprio", "policy", "overrun", "removed", "turn")
+Checker = Callable[[Any], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One wire field: its schema type (``int``, ``list[int|str]``, ``str|nil``...) and whether it is required."""
+
+    type: str
+    required: bool
+    default: Any
+    check: Checker
+
+
+class Message:
+    """Base of every message. Subclasses are registered by :func:`message`."""
+
+    __slots__ = ()
+    OP: ClassVar[str]
+    DIRECTION: ClassVar[str]
+    REPLY: ClassVar[str | None]
+    FIELDS: ClassVar[dict[str, FieldSpec]]
+    REQUIRED: ClassVar[tuple[str, ...]]
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.OP}
+        for name, spec in self.FIELDS.items():
+            value = getattr(self, name)
+            if spec.required or value != spec.default:
+                out[name] = value
+        return out
+
+    def pack(self) -> bytes:
+        return pack(self.to_wire())
+
+
+MESSAGES: dict[str, type[Message]] = {}
+M = TypeVar("M", bound=type[Message])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+
+
+def _type_name(hint: Any) -> str:
+    """The schema type of a Python annotation."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(hint)
+        return "|".join(_type_name(a) for a in args if a is not type(None)) + (
+            "|nil" if type(None) in args else "")
+    if origin is list:
+        return f"list[{_type_name(typing.get_args(hint)[0])}]"
+    if origin is dict or hint is dict:
+        return "map"
+    return {int: "int", str: "str", bool: "bool"}[hint]
+
+
+def compile_type(tname: str) -> Checker:
+    """A function checking a value against a schema type name."""
+    if tname.endswith("|nil"):
+        inner = compile_type(tname[:-4])
+        return lambda v: v is None or inner(v)
+    if tname.startswith("list[") and tname.endswith("]"):
+        alternatives = [compile_type(t) for t in tname[5:-1].split("|")]
+        return lambda v: isinstance(v, list) and all(any(c(x) for c in alternatives) for x in v)
+    if "|" in tname:
+        alternatives = [compile_type(t) for t in tname.split("|")]
+        return lambda v: any(c(v) for c in alternatives)
+    simple: dict[str, Checker] = {
+        "int": _is_int, "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
+        "map": lambda v: isinstance(v, dict),
+    }
+    return simple[tname]
+
+
+def message(op: str, direction: str, reply: str | None = None) -> Callable[[M], M]:
+    """Register a message class under ``op``, with its field table taken from its annotations."""
+
+    def register(cls: M) -> M:
+        hints = typing.get_type_hints(cls)
+        table: dict[str, FieldSpec] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            required = f.default is dataclasses.MISSING
+            default = None if required else f.default
+            hint = hints[f.name]
+            if not required and typing.get_origin(hint) in (types.UnionType, typing.Union):
+                hint = typing.Union[tuple(a for a in typing.get_args(hint) if a is not type(None))]  # noqa: UP007
+            tname = _type_name(hint)
+            table[f.name] = FieldSpec(tname, required, default, compile_type(tname))
+        cls.OP, cls.DIRECTION, cls.REPLY, cls.FIELDS = op, direction, reply, table
+        cls.REQUIRED = tuple(k for k, s in table.items() if s.required)
+        MESSAGES[op] = cls
+        return cls
+
+    return register
+
+
+def decode(raw: Any, direction: str | None = None) -> Message:
+    """The message a decoded frame holds; raises ProtocolError saying what is wrong with it."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("bad_frame", f"expected a map, got {type(raw).__name__}")
+    op = raw.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("bad_frame", "message has no string 'op'")
+    cls = MESSAGES.get(op)
+    if cls is None:
+        raise ProtocolError("unknown_op", f"unknown op {op[:40]!r}")
+    if direction is not None and direction != cls.DIRECTION:
+        raise ProtocolError("unknown_op", f"op {op!r} is not sent in this direction")
+    table = cls.FIELDS
+    values = {}
+    for key, value in raw.items():
+        if key == "op":
+            continue
+        spec = table.get(key)
+        if spec is None:
+            raise ProtocolError("bad_request", f"{op}: unexpected field {str(key)[:40]!r}")
+        if not spec.check(value):
+            raise ProtocolError("bad_request", f"{op}: field {key!r} must be {spec.type}")
+        values[key] = value
+    for key in cls.REQUIRED:
+        if key not in values:
+            raise ProtocolError("bad_request", f"{op}: missing field {key!r}")
+    return cls(**values)
+
+
+def request_id(raw: Any) -> int | None:
+    """The ``id`` of a frame that may not be a valid message, to answer it with ``re``."""
+    rid = raw.get("id") if isinstance(raw, dict) else None
+    return rid if _is_int(rid) else None
+
+
+# ----------------------------------------------------------- client -> daemon
+@message("hello", C2S, reply="welcome")
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    versions: list[int]
+    client: str
+    pid: int | None = None
+
+
+@message("register", C2S, reply="registered")
+@dataclass(frozen=True, slots=True)
+class Register(Message):
+    id: int
+    instance: str | None
+    gpus: list[int | str]
+    weight: int | None = None
+    highprio: int | None = None
+    memsize: list[int] | None = None
+    core_percent: int | None = None
+
+
+@message("acquire", C2S, reply="grant")
+@dataclass(frozen=True, slots=True)
+class Acquire(Message):
+    gpu: int
+    id: int | None = None  # ignored: version-1 clients sent it, but a grant carries no ``re``
+
+
+@message("release", C2S, reply="ok")
+@dataclass(frozen=True, slots=True)
+class Release(Message):
+    gpu: int
+    lease: int
+    used_ns: int
+    again: bool = False
+    id: int | None = None  # answered with ``ok`` only when given
+
+
+@message("mem_reserve", C2S, reply="ok|denied")
+@dataclass(frozen=True, slots=True)
+class MemReserve(Message):
+    id: int
+    gpu: int
+    bytes: int
+
+
+@message("mem_free", C2S, reply="ok")
+@dataclass(frozen=True, slots=True)
+class MemFree(Message):
+    gpu: int
+    bytes: int
+    id: int | None = None  # answered with ``ok`` only when given
+
+
+@message("mem_query", C2S, reply="ok")
+@dataclass(frozen=True, slots=True)
+class MemQuery(Message):
+    id: int
+    gpu: int
+
+
+@message("stats", C2S, reply="stats_reply")
+@dataclass(frozen=True, slots=True)
+class Stats(Message):
+    id: int
+
+
+@message("bye", C2S)
+@dataclass(frozen=True, slots=True)
+class Bye(Message):
+    pass
+
+
+# ----------------------------------------------------------- daemon -> client
+@message("welcome", S2C)
+@dataclass(frozen=True, slots=True)
+class Welcome(Message):
+    version: int
+    server: str
+    max_message: int
+    clock: str
+
+
+@message("registered", S2C)
+@dataclass(frozen=True, slots=True)
+class Registered(Message):
+    re: int
+    instance: str
+    gpus: list[dict[str, Any]]
+    warnings: list[str]
+
+
+@message("grant", S2C)
+@dataclass(frozen=True, slots=True)
+class Grant(Message):
+    gpu: int
+    lease: int
+    deadline_ns: int
+
+
+@message("revoke", S2C)
+@dataclass(frozen=True, slots=True)
+class Revoke(Message):
+    gpu: int
+    lease: int
+    reason: str
+
+
+@message("ok", S2C)
+@dataclass(frozen=True, slots=True)
+class Ok(Message):
+    re: int
+    used: int | None = None
+    limit: int | None = None
+
+
+@message("denied", S2C)
+@dataclass(frozen=True, slots=True)
+class Denied(Message):
+    re: int
+    used: int
+    limit: int
+    reason: str
+
+
+@message("error", S2C)
+@dataclass(frozen=True, slots=True)
+class Error(Message):
+    code: str
+    message: str
+    re: int | None = None
+
+
+@message("stats_reply", S2C)
+@dataclass(frozen=True, slots=True)
+class StatsReply(Message):
+    re: int
+    gpus: list[dict[str, Any]]
+
+
+Reply = Welcome | Registered | Ok | Denied | Error | StatsReply
