@@ -13,6 +13,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE = "libcgpu_client/native"
+# the shim's sources, lowest layer first (libcgpu_client/native/shim.h says what each holds)
+SHIM_SOURCES = ("mp.c", "env.c", "log.c", "conn.c", "gates.c", "resolve.c", "launch.c", "memory.c", "preload.c")
 
 
 class BuildSharedLibrary(build_ext):
@@ -30,8 +32,8 @@ setup(
     ext_modules=[
         Extension(
             "libcgpu_client.native.libcgpu",
-            sources=[f"{NATIVE}/{name}" for name in ("mp.c", "env.c", "client.c", "hooks.c")],
-            depends=[f"{NATIVE}/{name}" for name in ("mp.h", "env.h", "shim.h", "cuda_min.h")],
+            sources=[f"{NATIVE}/{name}" for name in SHIM_SOURCES],
+            depends=[f"{NATIVE}/{name}" for name in ("mp.h", "env.h", "shim.h", "hooks.h", "cuda_min.h")],
             extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wshadow"],
             libraries=["dl", "pthread"],
         )

@@ -37,7 +37,7 @@ from arbiterd.core.errors import ConflictError, IdentityError, NotFoundError, Se
 from arbiterd.core.memory import MemDecision, MemoryLedger
 from arbiterd.core.policies import FIXED_CORE, PREEMPTIVE
 from arbiterd.core.scheduler import GpuScheduler
-from arbiterd.core.settings import CORE_MAX_INST, GLOBAL, INSTANCE, GpuSettings, InstanceSettings
+from arbiterd.core.settings import CORE_MAX_INST, GLOBAL, INSTANCE, GlobalSettings, GpuSettings, InstanceSettings
 
 log = logging.getLogger("arbiterd.core")
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -104,7 +104,7 @@ class Registration:
 @dataclass(slots=True)
 class ArbiterConfig:
     trust_client_env: bool = True
-    default_memsize: int = 0
+    default_memsize: int = 0  # the initial value of the node-wide setting
     linger_ns: int = 60 * NS_PER_S
 
 
@@ -126,7 +126,7 @@ class Arbiter:
         }
         self.records: dict[tuple[int, str], InstanceRecord] = {}
         self.clients: dict[int, ClientInfo] = {}
-        self.upgrade = 0
+        self.globals = GlobalSettings(default_memsize=self.config.default_memsize)
 
     # ------------------------------------------------------------ lookups
     def sched(self, gpu: int) -> GpuScheduler:
@@ -149,7 +149,7 @@ class Arbiter:
 
     def mem_limit(self, rec: InstanceRecord) -> int:
         total = self.gpus[rec.gpu].total_mem
-        size = rec.memsize or self.config.default_memsize
+        size = rec.memsize or self.globals.default_memsize
         return min(size, total) if size > 0 else total
 
     def instances_on(self, gpu: int) -> list[InstanceRecord]:
@@ -255,11 +255,9 @@ class Arbiter:
         rec.memsize = memsize
         rec.ledger.limit = self.mem_limit(rec)
 
-    def set_upgrade(self, value: object) -> None:
-        self.upgrade = GLOBAL["upgrade"].check(value)
-
-    def set_default_memsize(self, memsize: object) -> None:
-        self.config.default_memsize = GLOBAL["default_memsize"].check(memsize)
+    def set_global(self, name: str, value: object) -> None:
+        """Set a node-wide setting (a key of :data:`arbiterd.core.settings.GLOBAL`)."""
+        setattr(self.globals, name, GLOBAL[name].check(value))
         for rec in self.records.values():
             rec.ledger.limit = self.mem_limit(rec)
 

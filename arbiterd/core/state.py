@@ -10,7 +10,7 @@ from typing import Any
 
 from arbiterd.core.arbiter import Arbiter, valid_instance_id
 from arbiterd.core.errors import CoreError, SettingError
-from arbiterd.core.settings import GPU, INSTANCE, InstanceSettings
+from arbiterd.core.settings import GLOBAL, GPU, INSTANCE, InstanceSettings
 
 STATE_VERSION = 1
 INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight, highprio, memsize
@@ -26,8 +26,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
                           "memsize": rec.memsize, "provisioned": rec.provisioned})
     return {
         "version": STATE_VERSION,
-        "default_memsize": arb.config.default_memsize,
-        "upgrade": arb.upgrade,
+        **{k: getattr(arb.globals, k) for k in GLOBAL},
         "gpus": gpus,
         "instances": instances,
     }
@@ -43,8 +42,8 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
         raise SettingError(f"state: expected a document of version {STATE_VERSION}")
     warnings: list[str] = []
     try:
-        arb.set_default_memsize(doc.get("default_memsize", 0))
-        arb.set_upgrade(doc.get("upgrade", 0))
+        for k, spec in GLOBAL.items():
+            arb.set_global(k, doc.get(k, spec.default))
         for key, vals in dict(doc.get("gpus", {})).items():
             gpu = int(key)
             if gpu not in arb.scheds:

@@ -89,10 +89,8 @@ def read(arb: Arbiter, path: str, now: int) -> str:
         name = parts[0]
         if name == "version":
             return f"{__version__}\n"
-        if name == "default_memsize":
-            return f"{arb.config.default_memsize}\n"
-        if name == "upgrade":
-            return f"{arb.upgrade}\n"
+        if name in GLOBAL:
+            return GLOBAL[name].format(getattr(arb.globals, name)) + "\n"
         if name == "inst_ctl":
             return instctl.listing(arb)
     elif len(parts) == 2:
@@ -127,11 +125,8 @@ def write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
         name = parts[0]
         if name == "inst_ctl":
             return instctl.run(arb, value, now)
-        if name == "default_memsize":
-            arb.set_default_memsize(GLOBAL[name].parse(value))
-            return []
-        if name == "upgrade":
-            arb.set_upgrade(GLOBAL[name].parse(value))
+        if name in GLOBAL:
+            arb.set_global(name, GLOBAL[name].parse(value))
             return []
         if name == "version":
             raise ReadOnlyError("version is read-only")

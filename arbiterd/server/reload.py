@@ -56,6 +56,6 @@ def _apply_options(hub: Hub, old: Config, new: Config) -> None:
     acfg.trust_client_env = new.trust_client_env
     acfg.linger_ns = new.linger_s * NS_PER_S
     if new.default_memsize != old.default_memsize:
-        hub.arbiter.set_default_memsize(config_mod.default_memsize(new))
+        hub.arbiter.set_global("default_memsize", config_mod.default_memsize(new))
     hub.identity = IdentityResolver(new.identity, new.proc_root)
     logging.getLogger().setLevel(new.log_level.upper())

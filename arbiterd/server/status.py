@@ -147,4 +147,4 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             ))
         out.append(gs)
     return DaemonStatus(__version__, os.getpid(), round(time.time() - started_at, 3), describe(), clients,
-                        state_file, state_problem, arb.upgrade, out)
+                        state_file, state_problem, arb.globals.upgrade, out)

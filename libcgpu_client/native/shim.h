@@ -1,5 +1,13 @@
-/* Internals of libcgpu.so shared by its two halves: client.c (the daemon connection,
- * slice gates and memory ledger calls) and hooks.c (the CUDA and NVML entry points). */
+/* Internals of libcgpu.so, in layers that only call downwards:
+ *
+ *   preload.c  start-up: parse the environment, wire the layers together, fork handling
+ *   launch.c, memory.c   the CUDA and NVML entry points the shim interposes
+ *   resolve.c  the real driver: symbol lookup, dlsym and cuGetProcAddress, context helpers
+ *   gates.c    the slice gates (slow path, idle thread) and the memory ledger calls
+ *   conn.c     the daemon connection: one socket, a reader thread, requests and replies
+ *   log.c, env.c, mp.c   the process's settings and log, env parsing, the msgpack codec
+ *
+ * A lower layer reaches a higher one only through the callbacks it is given at start. */
 #ifndef CGPU_SHIM_H
 #define CGPU_SHIM_H
 
@@ -19,6 +27,37 @@ static inline int64_t cgpu_now(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* ------------------------------------------------------------------ log.c */
+CGPU_HIDDEN extern cgpu_env cgpu_cfg;
+CGPU_HIDDEN extern int cgpu_env_ok; /* parsed, and not CGPU_DISABLE */
+CGPU_HIDDEN void cgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+CGPU_HIDDEN void cgpu_cond_init(pthread_cond_t *cv); /* a condition variable on CLOCK_MONOTONIC */
+CGPU_HIDDEN int cgpu_spawn(void *(*fn)(void *), const char *what); /* a detached thread; logged on failure */
+CGPU_HIDDEN void cgpu_deadline_in(struct timespec *ts, int64_t ns);
+
+/* ----------------------------------------------------------------- conn.c */
+/* What the connection tells the layer above; pos is the visible GPU position. */
+typedef struct {
+    void (*grant)(int pos, uint64_t lease, int64_t deadline);
+    void (*revoke)(int pos, uint64_t lease);
+    void (*lost)(void);             /* every lease is gone */
+    void (*connected)(void);        /* registered (again) */
+    int64_t (*held_bytes)(int pos); /* memory this process holds, re-reserved after a reconnect */
+} cgpu_events;
+
+CGPU_HIDDEN void cgpu_conn_init(void);                   /* at load */
+CGPU_HIDDEN void cgpu_conn_start(const cgpu_events *ev); /* the reader thread, once */
+CGPU_HIDDEN int cgpu_conn_connected(void);
+CGPU_HIDDEN int cgpu_conn_wait(int wait_ms); /* until registered: forever (< 0) or wait_ms; 1 if so */
+CGPU_HIDDEN int64_t cgpu_conn_limit(int pos); /* the limit learned at registration; 0 if never */
+CGPU_HIDDEN void cgpu_send_acquire(int pos);
+CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int again);
+CGPU_HIDDEN void cgpu_send_mem_free(int pos, int64_t bytes);
+/* mem_reserve (bytes > 0) or mem_query (bytes < 0): 0 answered, -1 not connected, -2 lost on the way */
+CGPU_HIDDEN int cgpu_rpc_mem(int pos, int64_t bytes, int *ok, int64_t *used, int64_t *limit);
+CGPU_HIDDEN void cgpu_conn_after_fork(void);
+
+/* ---------------------------------------------------------------- gates.c */
 /* One GPU's lease. The fast path reads `deadline` and counts itself in `inflight`
  * without a lock; everything else happens under `mu`. */
 typedef struct {
@@ -38,12 +77,16 @@ typedef struct {
     _Atomic int64_t mem_used; /* bytes this process holds on this GPU */
 } cgpu_gate;
 
-CGPU_HIDDEN extern cgpu_env cgpu_cfg;
-CGPU_HIDDEN extern int cgpu_env_ok;
-CGPU_HIDDEN extern cgpu_gate cgpu_gates[CGPU_MAX_GPUS];
+/* How the gates reach the device: given by the layer that knows the driver. */
+typedef struct {
+    void (*sync)(CUcontext ctx);
+    CUcontext (*current)(void);
+} cgpu_device_ops;
 
-CGPU_HIDDEN void cgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-CGPU_HIDDEN void cgpu_start(void);
+CGPU_HIDDEN extern cgpu_gate cgpu_gates[CGPU_MAX_GPUS];
+CGPU_HIDDEN void cgpu_gates_init(const cgpu_device_ops *dev);
+CGPU_HIDDEN void cgpu_start(void); /* the connection and the idle thread, at the first gated call */
+CGPU_HIDDEN void cgpu_gates_after_fork(void);
 
 /* Fast path: 1 when the lease is valid (inflight counted; call cgpu_gate_leave after the launch). */
 static inline int cgpu_gate_enter(cgpu_gate *g) {
@@ -66,9 +109,5 @@ CGPU_HIDDEN int cgpu_mem_reserve(int pos, int64_t bytes);
 CGPU_HIDDEN void cgpu_mem_free(int pos, int64_t bytes);
 /* The ledger of GPU pos: used and limit (bytes). 0 on success. */
 CGPU_HIDDEN int cgpu_mem_query(int pos, int64_t *used, int64_t *limit);
-
-/* provided by hooks.c: synchronise a context through the real driver */
-CGPU_HIDDEN void cgpu_sync_context(CUcontext ctx);
-CGPU_HIDDEN CUcontext cgpu_current_context(void);
 
 #endif

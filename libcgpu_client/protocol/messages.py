@@ -57,7 +57,7 @@ class Message:
 
 
 MESSAGES: dict[str, type[Message]] = {}
-M = TypeVar("M", bound=type[Message])
+T = TypeVar("T", bound=Message)
 
 
 def _is_int(value: Any) -> bool:
@@ -96,10 +96,13 @@ def compile_type(tname: str) -> Checker:
     return simple[tname]
 
 
-def message(op: str, direction: str, reply: str | None = None) -> Callable[[M], M]:
-    """Register a message class under ``op``, with its field table taken from its annotations."""
+@typing.dataclass_transform(frozen_default=True)
+def message(op: str, direction: str, reply: str | None = None) -> Callable[[type[T]], type[T]]:
+    """Make ``cls`` a frozen, slotted dataclass registered under ``op``, with its field table taken from
+    its annotations."""
 
-    def register(cls: M) -> M:
+    def register(plain: type[T]) -> type[T]:
+        cls = dataclass(frozen=True, slots=True)(plain)
         hints = typing.get_type_hints(cls)
         table: dict[str, FieldSpec] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -155,16 +158,20 @@ def request_id(raw: Any) -> int | None:
 
 # ----------------------------------------------------------- client -> daemon
 @message("hello", C2S, reply="welcome")
-@dataclass(frozen=True, slots=True)
 class Hello(Message):
+    """The first message: the protocol versions the client speaks."""
+
     versions: list[int]
     client: str
     pid: int | None = None
 
 
 @message("register", C2S, reply="registered")
-@dataclass(frozen=True, slots=True)
 class Register(Message):
+    """Once per connection: the instance the client declares (or nil), its GPUs, and the settings it
+    would like (used only for an instance nobody provisioned, and only while the daemon trusts
+    client environments)."""
+
     id: int
     instance: str | None
     gpus: list[int | str]
@@ -175,61 +182,68 @@ class Register(Message):
 
 
 @message("acquire", C2S, reply="grant")
-@dataclass(frozen=True, slots=True)
 class Acquire(Message):
+    """The client wants to run work on ``gpu``: a grant comes when it is the instance's turn."""
+
     gpu: int
     id: int | None = None  # ignored: version-1 clients sent it, but a grant carries no ``re``
 
 
 @message("release", C2S, reply="ok")
-@dataclass(frozen=True, slots=True)
 class Release(Message):
+    """Give ``lease`` back after holding it ``used_ns``; with ``again`` the client still has work and
+    keeps its place in the round. Answered ``ok`` only when it has an ``id``."""
+
     gpu: int
     lease: int
     used_ns: int
     again: bool = False
-    id: int | None = None  # answered with ``ok`` only when given
+    id: int | None = None
 
 
 @message("mem_reserve", C2S, reply="ok|denied")
-@dataclass(frozen=True, slots=True)
 class MemReserve(Message):
+    """Reserve ``bytes`` against the instance's memory limit on ``gpu``."""
+
     id: int
     gpu: int
     bytes: int
 
 
 @message("mem_free", C2S, reply="ok")
-@dataclass(frozen=True, slots=True)
 class MemFree(Message):
+    """Give reserved bytes back. Answered only when it has an ``id``."""
+
     gpu: int
     bytes: int
-    id: int | None = None  # answered with ``ok`` only when given
+    id: int | None = None
 
 
 @message("mem_query", C2S, reply="ok")
-@dataclass(frozen=True, slots=True)
 class MemQuery(Message):
+    """The instance's memory use and limit on ``gpu``, unchanged."""
+
     id: int
     gpu: int
 
 
 @message("stats", C2S, reply="stats_reply")
-@dataclass(frozen=True, slots=True)
 class Stats(Message):
+    """The status of the client's own GPUs and instance."""
+
     id: int
 
 
 @message("bye", C2S)
-@dataclass(frozen=True, slots=True)
 class Bye(Message):
-    pass
+    """The client is leaving: the daemon closes the connection."""
 
 
 # ----------------------------------------------------------- daemon -> client
 @message("welcome", S2C)
-@dataclass(frozen=True, slots=True)
 class Welcome(Message):
+    """The answer to hello: the version both speak, and the daemon's limits and clock."""
+
     version: int
     server: str
     max_message: int
@@ -237,8 +251,10 @@ class Welcome(Message):
 
 
 @message("registered", S2C)
-@dataclass(frozen=True, slots=True)
 class Registered(Message):
+    """The answer to register: the instance the daemon resolved, and per GPU what it granted
+    (``gpu``, ``uuid``, ``name``, ``weight``, ``highprio``, ``mem_limit``, ``total_mem``)."""
+
     re: int
     instance: str
     gpus: list[dict[str, Any]]
@@ -246,32 +262,37 @@ class Registered(Message):
 
 
 @message("grant", S2C)
-@dataclass(frozen=True, slots=True)
 class Grant(Message):
+    """The instance holds ``lease`` on ``gpu`` until ``deadline_ns`` (CLOCK_MONOTONIC). A grant for the
+    lease already held moves its deadline."""
+
     gpu: int
     lease: int
     deadline_ns: int
 
 
 @message("revoke", S2C)
-@dataclass(frozen=True, slots=True)
 class Revoke(Message):
+    """Give ``lease`` back at the next operation boundary; ``reason`` is one of REVOKE_REASONS."""
+
     gpu: int
     lease: int
     reason: str
 
 
 @message("ok", S2C)
-@dataclass(frozen=True, slots=True)
 class Ok(Message):
+    """A request was done (memory requests say the instance's use and limit)."""
+
     re: int
     used: int | None = None
     limit: int | None = None
 
 
 @message("denied", S2C)
-@dataclass(frozen=True, slots=True)
 class Denied(Message):
+    """A memory reservation would pass the limit; nothing changed."""
+
     re: int
     used: int
     limit: int
@@ -279,16 +300,18 @@ class Denied(Message):
 
 
 @message("error", S2C)
-@dataclass(frozen=True, slots=True)
 class Error(Message):
+    """A request was refused, or a frame was bad (``code`` is one of ERROR_CODES); one line."""
+
     code: str
     message: str
     re: int | None = None
 
 
 @message("stats_reply", S2C)
-@dataclass(frozen=True, slots=True)
 class StatsReply(Message):
+    """The answer to stats: the client's GPUs, with only its own instance."""
+
     re: int
     gpus: list[dict[str, Any]]
 
