@@ -1,4 +1,4 @@
-"""The headline benchmark: ResNet-50 images/s of two instances with weights 1:2 (SPEC §9).
+"""The headline benchmark: ResNet-50 images/s of two instances with weights 1:2 (behaviour §9).
 
     python -m bench.resnet50 [--weights 1:2] [--policy 2] [--batch 16,32,64,128] [--seconds 48]
                              [--warmup 5] [--image-size 64] [--train] [--device cpu|cuda]
@@ -71,7 +71,7 @@ from bench import results
 from bench.common import ROOT, tool
 from libcgpu_client.client import wait_for_socket
 
-# Seed 001: two containers on one A10, compute ratio 1:2 (images/s)
+# cGPU's reference (behaviour §9): two containers on one A10, compute ratio 1:2 (images/s)
 REFERENCE_TF = {16: (151, 307, 2.03), 32: (204, 418, 2.05), 64: (247, 503, 2.04), 128: (257, 516, 2.01)}
 # The arbitrated window is cut in 8 segments; in segment i process A has the first weight when
 # ORDER[i] is 0 and the second when it is 1 (B the other). ABBA ABBA: a speed drift of either

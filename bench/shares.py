@@ -1,4 +1,4 @@
-"""Run every scenario of SPEC §3 and §4 on the simulator and compare shares with targets.
+"""Run every scenario of behaviour §3 and §4 on the simulator and compare shares with targets.
 
     python -m bench.shares [--json] [--seconds 60]
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':28} {'idle':4} {row['idle']['target_pct']:8.2f} "
                   f"{row['idle']['measured_pct']:10.2f}")
     if not args.no_results and args.only is None:
-        lines = [f"Every scenario of SPEC §3 and §4, {args.seconds:.0f} s of virtual time each, slices of 5 ms.",
+        lines = [f"Every scenario of behaviour §3 and §4, {args.seconds:.0f} s of virtual time each, slices of 5 ms.",
                  "", "| scenario | policy | instance | target % | measured % | error pp |",
                  "| --- | ---: | --- | ---: | ---: | ---: |"]
         for row in rows:

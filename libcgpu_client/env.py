@@ -1,27 +1,9 @@
-"""Strict parsing of the container-side environment (SPEC §6 plus cgpu's own variables).
+"""Strict parsing of the container-side environment (behaviour §6 plus cgpu's own variables).
 
-Every malformed value is an :class:`EnvError` whose message names the
-variable, the bad value and what was expected. Nothing falls back silently.
-
-| variable | meaning |
-| --- | --- |
-| CGPU_DISABLE | true/false: bypass the arbiter entirely |
-| ALIYUN_COM_GPU_MEM_DEV | whole GiB of each card |
-| ALIYUN_COM_GPU_MEM_CONTAINER | GiB visible per card: ``3`` or ``3,4`` (last repeats); 0/unset: no limit |
-| ALIYUN_COM_GPU_VISIBLE_DEVICES | ``0,1`` or ``GPU-uuid,...`` |
-| ALIYUN_COM_GPU_SCHD_WEIGHT | weight 1..25 |
-| CGPU_CORE_PERCENT | cgpu extension: a GPU-core percentage instead of a weight (5..100, steps of 5): |
-|                   | weight P/5 of 20 slots on policy 3 (seed 000) |
-| ALIYUN_COM_GPU_HIGH_PRIO | 0 or 1 |
-| CGPU_SOCKET | path of arbiter.sock (default /run/cgpu/arbiter.sock) |
-| CGPU_INSTANCE | instance id a process outside a container declares |
-| CGPU_ON_DAEMON_LOSS | wait (default) or run |
-| CGPU_IDLE_MS | give an unused lease back after this many ms (default 3) |
-| CGPU_DEVICE | auto (default), cuda, or cpu (the CPU acts as the simulated GPU) |
-| CGPU_NATIVE | 1 when libcgpu.so is preloaded and enforces CUDA itself |
-| CGPU_TORCH_HOOK | dispatch (default), operator or module: how the CPU-as-GPU gates PyTorch |
-| CGPU_MEM_LIMIT | cgpu extension: limit per card as a size (``600MiB``, ``1GiB,2GiB``); |
-|                | it wins over ALIYUN_COM_GPU_MEM_CONTAINER |
+:data:`VARIABLES` lists every variable and what it means (the ``cgpu-run`` man
+page is generated from it, and a test keeps the README in step). Every malformed value is an
+:class:`EnvError` whose message names the variable, the bad value and what
+was expected. Nothing falls back silently.
 """
 
 from __future__ import annotations
@@ -32,6 +14,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 GIB = 1024**3
+VARIABLES = {
+    "CGPU_DISABLE": "true: bypass the arbiter entirely",
+    "ALIYUN_COM_GPU_MEM_DEV": "whole GiB of each card (e.g. 15 for a T4)",
+    "ALIYUN_COM_GPU_MEM_CONTAINER": "visible GiB: 3 every card, 3,4,5,6 per card, 3,1 on 4 cards = 3,1,1,1; "
+                                    "unset or 0: no isolation",
+    "ALIYUN_COM_GPU_VISIBLE_DEVICES": "0,1 or GPU-...,GPU-... (default 0)",
+    "ALIYUN_COM_GPU_SCHD_WEIGHT": "weight 1..max_inst",
+    "ALIYUN_COM_GPU_HIGH_PRIO": "0 or 1: a high-priority instance",
+    "CGPU_CORE_PERCENT": "cgpu extension: a GPU-core percentage instead of a weight, 5..100 in steps of 5 "
+                         "(weight P/5 of 20 slots on policy 3); with ALIYUN_COM_GPU_SCHD_WEIGHT it is an error",
+    "CGPU_MEM_LIMIT": "cgpu extension: limit per card as a size (600MiB, 1GiB,2GiB); "
+                      "wins over ALIYUN_COM_GPU_MEM_CONTAINER",
+    "CGPU_SOCKET": "path of arbiter.sock (default /run/cgpu/arbiter.sock)",
+    "CGPU_INSTANCE": "the instance id a process outside a container declares",
+    "CGPU_ON_DAEMON_LOSS": "wait (default) or run: what GPU work does while arbiterd is unreachable",
+    "CGPU_IDLE_MS": "give an unused lease back after this many ms (default 3)",
+    "CGPU_DEVICE": "auto (default), cuda, or cpu (the CPU acts as the simulated GPU)",
+    "CGPU_TORCH_HOOK": "how the CPU as simulated GPU gates PyTorch: dispatch (default), operator or module",
+    "CGPU_NATIVE": "1 when libcgpu.so is preloaded and enforces CUDA itself (set by cgpu-run)",
+}
 DEFAULT_SOCKET = "/run/cgpu/arbiter.sock"
 _INSTANCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{4,80}$")

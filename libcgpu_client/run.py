@@ -4,7 +4,7 @@
              [--device auto|cuda|cpu] [--socket PATH] [--on-daemon-loss wait|run]
              [--idle-ms MS] [--native | --no-native] -- CMD [ARGS...]
 
-It sets the environment of SPEC §6 and puts a start-up hook on PYTHONPATH, so
+It sets the environment of behaviour §6 and puts a start-up hook on PYTHONPATH, so
 that ``cgpu-run -- python train.py`` is arbitrated with no code change. With
 ``--native``, and by default when CMD is not a Python program, it also
 preloads libcgpu.so (``LD_PRELOAD``), which gates the CUDA driver API itself;

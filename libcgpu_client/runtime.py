@@ -1,6 +1,6 @@
 """The per-process runtime: one :class:`Client` and one :class:`Gate` per visible GPU.
 
-``activate()`` builds it from the environment (SPEC §6); the framework
+``activate()`` builds it from the environment (behaviour §6); the framework
 interposers and ``cgpu-run``'s start-up hook use it. Position ``i`` in
 ``ALIYUN_COM_GPU_VISIBLE_DEVICES`` is the framework's device ``i``.
 """

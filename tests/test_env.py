@@ -1,4 +1,4 @@
-"""Strict parsing of the container environment (SPEC §6)."""
+"""Strict parsing of the container environment (behaviour §6)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from arbiterd.core.errors import NotFoundError, ReadOnlyError, SettingError
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
 
-MAJOR = 243  # the seed's cgpu_km device major; kept for compatibility
+MAJOR = 243  # cGPU's cgpu_km device major; kept for compatibility
 
 # read-only files, computed from live state: name -> (reader, help)
 GpuReader = Callable[[GpuScheduler, int], object]
@@ -37,7 +37,7 @@ INSTANCE_READONLY: dict[str, tuple[InstReader, str]] = {
                 "'Free: <bytes>', then one 'PID: <pid> Mem: <bytes>' line per process"),
 }
 GLOBAL_FILES = ("version", "default_memsize", "inst_ctl", "upgrade")
-_SEED_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # the seed's order first
+_SEED_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # cGPU's order first
 GPU_FILES = _SEED_GPU + tuple(n for n in GPU if n not in _SEED_GPU) + ("busy_ms",)
 INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo")
 __all__ = ["GPU_FILES", "INST_FILES", "MAJOR", "read", "valid_instance_id", "write"]

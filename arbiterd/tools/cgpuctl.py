@@ -19,7 +19,8 @@ from arbiterd.tools.adminclient import AdminClient, add_admin_args, run_tool
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cgpuctl", description=__doc__,
+    p = argparse.ArgumentParser(prog="cgpuctl", description="Read and write arbiterd's settings tree, as "
+                                "'cat' and 'echo VALUE >' do with /proc/cgpu_km on cGPU hosts.\n\n" + __doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_admin_args(p)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")

@@ -1,4 +1,4 @@
-"""``cgpu-smi``: per-GPU and per-instance view of arbiterd, like the seed's cgpu-smi.
+"""``cgpu-smi``: per-GPU and per-instance view of arbiterd, like cGPU's cgpu-smi.
 
     cgpu-smi [--admin ADDR] [-l SECONDS] [--json]
 """

@@ -1,4 +1,4 @@
-/* The container-side settings (SPEC §6 and CGPU_*), parsed as strictly as
+/* The container-side settings (behaviour §6 and CGPU_*), parsed as strictly as
  * libcgpu_client/env.py does: a malformed value is a one-line error naming the
  * variable, the value and what was expected. */
 #ifndef CGPU_ENV_H

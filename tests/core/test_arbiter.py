@@ -137,7 +137,7 @@ def test_the_arbiter_can_be_deep_copied_to_try_an_admin_write() -> None:
     assert trial.scheds[0]._next_lease_id() == arb.scheds[0]._next_lease_id()
 
 
-# ----------------------------------------------------- GPU-core percentages (seed 000, SPEC §3)
+# ----------------------------------------------------- GPU-core percentages (behaviour §3)
 
 def reg_core(arb: Arbiter, cid: int, name: str, percent: int, gpu: int = 0) -> tuple[RegisteredGpu, list[str]]:
     arb.connect(cid, 1000 + cid, 0)

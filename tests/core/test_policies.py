@@ -1,4 +1,4 @@
-"""Each row of SPEC §3's policy table and §4's high-priority rules, on the virtual clock.
+"""Each row of behaviour §3's policy table and §4's high-priority rules, on the virtual clock.
 
 Every scenario runs 20 s of virtual time. Shares are the time the simulated
 ops really ran; tolerance 0.5 percentage points unless stated.
@@ -260,7 +260,7 @@ def test_policy_switch_does_not_charge_an_extended_lease_under_the_new_policy() 
                      [SimInstance("A", 1, workload=on_after_650ms), SimInstance("B", 2, workload=busy(3.0))],
                      trace=True)
     sched = sim.sched
-    sim.apply(sched.set_policy(1, 0))  # B's weight 2 made it 2 when B joined (SPEC §3)
+    sim.apply(sched.set_policy(1, 0))  # B's weight 2 made it 2 when B joined (behaviour §3)
     sim.run(650 * NS_PER_MS)  # A is waiting, B's lease is revoked, its op runs until 651 ms
     assert [what for _, name, what in sim.events] == ["grant"] and sched.held_ns("B", sim.now) == 650 * NS_PER_MS
     sim.apply(sched.set_policy(2, sim.now))

@@ -155,7 +155,7 @@ def _max_waits(policy: int, specs: list[tuple[int, Workload]]) -> tuple[Simulati
     insts = [SimInstance(f"i{k}", w, workload=wl) for k, (w, wl) in enumerate(specs)]
     sim = Simulation(GpuSettings(policy=policy, max_inst=16, slice_ms=5, overrun_ms=1000), insts)
     res = sim.run(2 * NS_PER_S)
-    policy = sim.sched.settings.policy  # a weight > 1 switches policy 1 to 2 (SPEC §3)
+    policy = sim.sched.settings.policy  # a weight > 1 switches policy 1 to 2 (behaviour §3)
     turn = {i.name: (1 if policy == 1 else i.weight) * 5 * NS_PER_MS for i in insts}
     max_op = max(i.workload.op_ns for i in insts)
     round_ns = sum(turn[i.name] + i.workload.op_ns for i in insts) + max_op + sim.idle_release_ns

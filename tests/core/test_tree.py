@@ -1,4 +1,4 @@
-"""The settings tree of SPEC §2: every file readable, every rw file writable, refusals change nothing."""
+"""The settings tree of behaviour §2: every file readable, every rw file writable, refusals change nothing."""
 
 from __future__ import annotations
 

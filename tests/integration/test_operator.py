@@ -54,7 +54,7 @@ def test_every_file_of_the_tree(daemon_factory: type) -> None:
                  "0/c1/meminfo"]:
         r = d.ctl("cat", path)
         assert r.returncode == 0 and r.stdout.strip(), path
-    assert d.ctl("cat", "/proc/cgpu_km/0/free_weight").stdout == "13\n"  # the seed's paths work too
+    assert d.ctl("cat", "/proc/cgpu_km/0/free_weight").stdout == "13\n"  # cGPU's paths work too
     for path, value in RW_CASES:
         r = d.ctl("echo", value, path)
         assert r.returncode == 0, (path, r.stderr)

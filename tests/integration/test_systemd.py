@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,27 @@ from tests.helpers import ROOT, RawClient, tool
 UNITS = ROOT / "systemd"
 
 
-def test_unit_files_verify(short_tmp: Path) -> None:
+def test_unit_files_verify_with_the_man_pages_the_package_installs(short_tmp: Path) -> None:
+    """systemd-analyze verify, man pages included: the unit names man:arbiterd(8), which the built
+    package installs under share/man (the wheel's data files, as pip installs them)."""
     analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (CI installs Debian's systemd package)")
+    if analyze is None or shutil.which("man") is None:
+        pytest.skip("systemd-analyze and man are not installed (CI installs Debian's systemd and man-db)")
+    wheel_dir = short_tmp / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+                    "-w", str(wheel_dir)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheel_dir.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        pages = [n for n in z.namelist() if "/data/share/man/" in n]
+        z.extractall(short_tmp / "installed", members=pages)
+    assert {Path(n).name for n in pages} == {"arbiterd.8", "cgpuctl.8", "cgpu-smi.1", "cgpu-run.1"}
+    manpath = next((short_tmp / "installed").glob("*.data/data/share/man"))
     names = ["cgpu-arbiterd.service", "cgpu-arbiterd.socket", "cgpu-arbiterd-admin.socket"]
     for name in names:
         text = (UNITS / name).read_text().replace("/usr/local/bin/arbiterd", tool("arbiterd"))
         (short_tmp / name).write_text(text)
-    r = subprocess.run([analyze, "verify", "--man=no", *names], cwd=short_tmp, capture_output=True, text=True)
+    r = subprocess.run([analyze, "verify", *names], cwd=short_tmp, capture_output=True, text=True,
+                       env={**os.environ, "MANPATH": str(manpath)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stderr.strip() == "", r.stderr
 

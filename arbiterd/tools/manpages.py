@@ -1,0 +1,196 @@
+"""Man pages generated from the tools' own argument parsers, the settings table and the env table.
+
+    python -m arbiterd.tools.manpages man/
+
+writes ``arbiterd.8``, ``cgpuctl.8``, ``cgpu-smi.1`` and ``cgpu-run.1``. The
+pages are committed under ``man/`` and installed with the package; a test
+regenerates them and compares, so they cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from arbiterd import __version__
+from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
+from arbiterd.core.tree import GPU_READONLY, INSTANCE_READONLY
+
+SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1))
+DATE = "2026-11"  # changes with the version, not with every build, so the pages are reproducible
+
+
+def _esc(text: str) -> str:
+    """Text safe for roff: backslashes, and lines starting with . or '."""
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return "\n".join("\\&" + ln if ln[:1] in (".", "'") else ln for ln in text.splitlines())
+
+
+def _para(text: str) -> str:
+    return ".PP\n" + _esc(text) + "\n"
+
+
+def _item(head: str, body: str) -> str:
+    return f".TP\n.B {_esc(head)}\n{_esc(body)}\n"
+
+
+def _options(parser: argparse.ArgumentParser) -> str:
+    out = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS]
+        if not actions:
+            continue
+        if group.title not in ("options", "optional arguments", "positional arguments"):
+            out.append(f".SS {_esc(group.title or '')}\n")
+            if group.description:
+                out.append(_para(group.description))
+        for a in actions:
+            if isinstance(a, argparse._SubParsersAction):
+                continue  # listed under COMMANDS
+            if a.option_strings:
+                metavar = a.metavar or (("{" + ",".join(map(str, a.choices)) + "}") if a.choices else None)
+                takes = a.nargs != 0 and not isinstance(a, argparse.BooleanOptionalAction)
+                head = ", ".join(f"{o} {metavar or a.dest.upper()}" if takes else o for o in a.option_strings)
+            else:
+                head = str(a.metavar or a.dest)
+            out.append(_item(head, (a.help or "").replace("%%", "%")))
+    return "".join(out)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> str:
+    out = []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                usage = sub.format_usage().replace("usage: ", "").strip()
+                help_ = next((c.help for c in a._choices_actions if c.dest == name), "") or ""
+                out.append(_item(usage, help_))
+    return "".join(out)
+
+
+def _table(rows: Iterable[tuple[str, str]]) -> str:
+    return "".join(_item(k, v) for k, v in rows)
+
+
+def _settings() -> str:
+    gpu = [(f"N/{n}", f"{s.help}; {s.expected}, default {s.format(s.default)} (read-write)")
+           for n, s in GPU.items()]
+    gpu += [(f"N/{n}", f"{h} (read-only)") for n, (_, h) in GPU_READONLY.items()]
+    inst = [(f"N/ID/{n}", f"{s.help}; {s.expected} (read-write)") for n, s in INSTANCE.items() if s.tree]
+    inst += [(f"N/ID/{n}", f"{h} (read-only)") for n, (_, h) in INSTANCE_READONLY.items()]
+    top = [("version", "the daemon's version (read-only)")]
+    top += [(n, f"{s.help}; {s.expected} (read-write)") for n, s in GLOBAL.items()]
+    top.append(("inst_ctl", "provision instance records: create ID [gpu=0,1] [weight=N | core=P] "
+                            "[highprio=0|1] [memsize=SIZE], or remove ID [gpu=N]; reading lists them"))
+    return ".SS Node\n" + _table(top) + ".SS Per GPU\n" + _table(gpu) + ".SS Per instance\n" + _table(inst)
+
+
+@dataclass(frozen=True)
+class Page:
+    name: str
+    section: int
+    summary: str
+    parser: Callable[[], argparse.ArgumentParser]
+    extra: Callable[[], str] = lambda: ""
+
+    def render(self) -> str:
+        p = self.parser()
+        usage = p.format_usage().replace("usage: ", "").strip()
+        head = [
+            f'.TH {self.name.upper()} {self.section} "{DATE}" "cgpu {__version__}" "cgpu"\n',
+            f".SH NAME\n{_esc(self.name)} \\- {_esc(self.summary)}\n",
+            f".SH SYNOPSIS\n.nf\n{_esc(usage)}\n.fi\n",
+            ".SH DESCRIPTION\n" + _para((p.description or "").split("\n\n")[0]),
+            ".SH OPTIONS\n" + _options(p),
+        ]
+        if (subs := _subcommands(p)):
+            head.append(".SH COMMANDS\n" + subs)
+        if p.epilog:
+            head.append(".SH NOTES\n" + _para(p.epilog))
+        head.append(self.extra())
+        others = [f"{n}({s})" for n, s in SEE_ALSO if n != self.name]
+        head.append(".SH SEE ALSO\n" + ", ".join(others) + "\n")
+        return "".join(head)
+
+
+def _arbiterd_extra() -> str:
+    return (".SH SETTINGS\n" + _para("The settings tree that cgpuctl(8) reads and writes, as /proc/cgpu_km "
+                                     "does on cGPU hosts (see docs/behaviour.md):") + _settings()
+            + ".SH SIGNALS\n" + _table([("SIGTERM, SIGINT", "shut down cleanly; a second signal exits at once"),
+                                        ("SIGHUP", "re-read the config file; flags given at start still win")])
+            + ".SH FILES\n" + _table([("/etc/cgpu/arbiterd.toml", "the config file (--config)"),
+                                      ("/run/cgpu/arbiter.sock", "the client socket"),
+                                      ("/run/cgpu/admin.sock", "the admin API (cgpuctl, cgpu-smi, /metrics)"),
+                                      ("/var/lib/cgpu/state.json", "every setting, saved before it takes effect")]))
+
+
+def _cgpuctl_extra() -> str:
+    return (".SH SETTINGS\n" + _settings()
+            + ".SH EXIT STATUS\n" + _table([("0", "success"), ("1", "the daemon refused (its reason is printed)"),
+                                            ("2", "usage error"), ("3", "the daemon is unreachable")]))
+
+
+def _smi_extra() -> str:
+    return ".SH EXIT STATUS\n" + _table([("0", "success"), ("1", "the daemon refused"),
+                                         ("3", "the daemon is unreachable")])
+
+
+def _run_extra() -> str:
+    from libcgpu_client.env import VARIABLES
+
+    return (".SH ENVIRONMENT\n" + _para("cgpu-run sets these for CMD; a program started otherwise may set them "
+                                        "itself. A malformed value stops it at start with one line.")
+            + _table(VARIABLES.items())
+            + ".SH EXIT STATUS\n" + _table([("2", "a malformed flag or variable (before CMD starts)"),
+                                            ("127", "CMD cannot be run"), ("other", "CMD's own status")]))
+
+
+def _arbiterd_parser() -> argparse.ArgumentParser:
+    from arbiterd.main import build_parser
+
+    return build_parser()
+
+
+def _cgpuctl_parser() -> argparse.ArgumentParser:
+    from arbiterd.tools.cgpuctl import build_parser
+
+    return build_parser()
+
+
+def _smi_parser() -> argparse.ArgumentParser:
+    from arbiterd.tools.smi import build_parser
+
+    return build_parser()
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    from libcgpu_client.run import build_parser
+
+    return build_parser()
+
+
+PAGES = (
+    Page("arbiterd", 8, "the cgpu node daemon: GPU time slices and memory limits for containers",
+         _arbiterd_parser, _arbiterd_extra),
+    Page("cgpuctl", 8, "read and write arbiterd's settings tree", _cgpuctl_parser, _cgpuctl_extra),
+    Page("cgpu-smi", 1, "show arbiterd's GPUs, instances and shares", _smi_parser, _smi_extra),
+    Page("cgpu-run", 1, "run a program under the cgpu interposer", _run_parser, _run_extra),
+)
+
+
+def write(out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for page in PAGES:
+        path = out_dir / f"{page.name}.{page.section}"
+        path.write_text(page.render())
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for written in write(Path(sys.argv[1] if len(sys.argv) > 1 else "man")):
+        print(written)
