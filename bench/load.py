@@ -2,22 +2,10 @@
 
     python -m bench.load [--json] [--seconds 60] [--gpus 8] [--instances 25] [--procs 2] [--workers 4]
 
-Every instance has weight 1 on a GPU with max_inst 25 and policy 4 (weak,
-work-conserving). Each client is an asyncio connection in one of ``--workers``
-load processes: it acquires a lease, "runs" 1 ms ops until the lease's
-deadline (or a revoke), then renews; bursty instances (every other one) stop
-for 20-200 ms between bursts of 20-200 ms. The clients record every grant,
-release and revoke with CLOCK_MONOTONIC times (host-wide).
-
-Reported: grants/s, grant latency p50/p99 (acquire to grant, including the
-wait for the GPU, so it is a queueing figure), the largest share error in
-percentage points (busy instances of one GPU, all of weight 1, must get equal
-time: the error is each one's held time against their mean, over the
-window), the daemon's CPU use, and ``lost``: acquires never answered plus
-moments at which two instances held one GPU (intervals from grant received
-to release sent, which must never overlap across instances). The output ends
-with ``clients=<n> grants_per_s=<n> p50_us=<n> p99_us=<n> max_share_error_pp=<x>
-lost=<n> daemon_cpu_pct=<x>``.
+Reports grants/s, grant latency (a queueing figure), the largest share error
+among busy weight-1 instances of a GPU, the daemon's CPU use and lost grants
+(bench/README.md says how). The output ends with ``clients=<n> grants_per_s=<n>
+p50_us=<n> p99_us=<n> max_share_error_pp=<x> lost=<n> daemon_cpu_pct=<x>``.
 """
 
 from __future__ import annotations

@@ -1,54 +1,13 @@
 """What arbitration costs: grant round trip, the gate's fast path, the interposer per operator.
 
-    python -m bench.overhead [--json] [--seconds 3]
+    python -m bench.overhead [--json] [--seconds 3] [--only interposer|grant] ...
 
-* **Grant round trip**, p50/p99 in µs, with 1, 16 and 64 concurrent clients:
-  each client is an asyncio connection that asks for a lease, waits for the
-  grant, gives it back, and does that again every 5 ms (one slice), with a
-  random phase. The GPU is on policy 5 (native), so a grant never waits for
-  another holder: the figure is the daemon's service time plus transit.
-* **Fast path**, ns per ``Gate.check()`` while the lease is valid.
-* **Interposer overhead**, % against no interposer, on a small MLP and on
-  ResNet-50 (64x64 images, batch 16, inference), in a process under
-  ``cgpu-run --device cpu``: batches alternate between the interposer on and
-  off (its dispatch mode disabled and its layer or module hooks removed, outside
-  the timed region), so machine
-  noise hits both alike. The figure moves more from one process to the next
-  than within one, so five fresh processes measure it (``--processes``) and
-  the median is reported, with each one's figure. A third variant runs under
-  an empty ``TorchDispatchMode`` (no gate, no accounting): the floor of any
-  per-operator Python interposer. Measured for the default hook (the dispatch
-  mode with built-in single-operator layers gated at their call), for every
-  operator through the mode (``CGPU_TORCH_HOOK=operator``) and for the opt-in
-  module hooks (``CGPU_TORCH_HOOK=module``); the summary line gives the default.
-
-* **Native shim** (libcgpu.so against the fake CUDA driver): the fast path per
-  launch, ns (an empty kernel launched 2 M times with the shim preloaded and a
-  lease held, minus the same without the shim), and the grant round trip from C
-  (``bench/native/grant_rtt.c``: C threads speaking the protocol with the
-  shim's own codec and waiting for input as it does, 1, 16 and 64 clients, each
-  level after 0.5 s unmeasured warm-up; the 64-client level runs three times,
-  ``--runs``, and the run with the median p50 is reported beside every run's
-  figures). Needs gcc; skipped without it.
-
-* **Floor**: a bare round trip of one small message between two C processes
-  over a UNIX stream socket, paced every 5 ms like the clients
-  (``bench/native/pingpong.c``): what this machine's wake-ups cost with no
-  daemon at all; the same to an echo server on the daemon's event loop
-  (uvloop) that does nothing else, the floor a Python daemon starts from; and
-  the 64 C clients against a server on that loop, at the daemon's priority,
-  that grants every acquire at once (the protocol with no scheduler behind it).
-
-The daemon runs as the shipped config runs it, under ``SCHED_FIFO`` priority 10
-(``--realtime-priority``; the table says what it got), and the 64-client C round
-trip is measured once more against a daemon at normal priority for comparison.
-
-The output ends with one line
-``grant_p50_us=<n> grant_p99_us=<n> fastpath_ns=<n> interposer_overhead_pct=<n>``
-(grant figures at 64 clients from C, one thread per client as 64 containers
-would be, or from Python without gcc; overhead on ResNet-50). The Python
-figures at 16 and 64 clients are bounded by the two load processes' own event
-loops (each serves 32 clients, 6,400 round trips a second), not the daemon.
+The grant round trip at 1, 16 and 64 clients (Python and C), the gate's fast
+path, libcgpu.so's fast path per launch, the interposer's cost on an MLP and on
+ResNet-50, and the floors under them (a bare socket round trip, an echo server
+and an answering server on the daemon's event loop). bench/README.md says how
+each is measured. The output ends with one line
+``grant_p50_us=<n> grant_p99_us=<n> fastpath_ns=<n> interposer_overhead_pct=<n>``.
 """
 
 from __future__ import annotations

@@ -4,49 +4,10 @@
                              [--warmup 5] [--image-size 64] [--train] [--device cpu|cuda]
                              [--admin ADDR --socket PATH] [--slice-ms MS] [--json] [--no-results]
 
-Real daemon, real interposer, real ResNet-50 (bench/resnet.py), two separate
-processes under ``cgpu-run``. For every batch size it measures, after a
-warm-up, over a steady window:
-
-* **arbitrated**: two instances with the given weights (default policy 2).
-  The window is cut in 8 segments and the two processes swap weights between
-  them, ABBA ABBA (through the settings tree, while they run): process A has
-  weight 1 in segments 1, 4, 5, 8 and weight 2 in the others. "weight 1" is
-  the mean rate of whoever had weight 1, and so on. Two processes running the
-  same model here differ in speed by up to 15 %, and each one's speed drifts
-  by several % over tens of seconds; spreading both weights over both
-  processes and the whole window cancels that, so the ratio shows what the
-  arbiter does. The ratio per process is reported too ("A / B as weight 1");
-* **exclusive**: in the same run, four times (before segments 2, 4, 6 and
-  8), each of the two processes alone (the other stops starting batches, and
-  the GPU goes to a work-conserving policy, 1, or 4 if that is the one under
-  test), so that the sum of the pair is compared with the same two processes
-  at the same times;
-* **no arbiter**: the same model in two fresh processes without cgpu (plain
-  OS sharing).
-
-Images/s over a window count the batch in flight at each end fractionally,
-by the share of the time between its completions that the process held the
-GPU (its slices, which the worker takes from the slice gate): a process only
-makes progress while it holds a slice, so short windows are measured exactly
-even when weight 1 at batch 128 finishes one batch every two seconds.
-
-On machines without a GPU the CPU is the simulated GPU (``--device cpu``,
-``cgpu-run --device cpu``), each process may use every core, and images are
-64x64 so that the run stays practical (ResNet-50 on 224x224 at batch 128 takes
-several seconds per batch on two cores). ``--device cuda`` runs the same on a
-GPU host.
-
-On the CPU the workers run with ``CGPU_IDLE_MS=20`` (unless set): host work
-between two operators, such as freeing a 33 MB activation at batch 128, takes
-several ms there, and the default 3 ms idle threshold would give the lease
-back in the middle of a turn.
-
-Slices are 100 ms on the CPU (5 ms, the daemon's default, on CUDA): a switch
-costs the incoming process some slower work on the CPU (cold caches and
-threads), and the weight-1 process switches twice as often per second held,
-so short slices push the ratio above 2 (2.06 at 20 ms in an earlier version
-of this benchmark).
+Real daemon, real interposer, real ResNet-50 (bench/resnet.py), two processes
+under ``cgpu-run``: for every batch size, arbitrated segments in which the two
+swap weights (ABBA ABBA), each alone four times for the exclusive rate, and a
+no-arbiter contrast. bench/README.md says how it measures.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The slice gate: every piece of GPU work passes it.
 
-How this works
---------------
-The gate keeps the current lease's deadline (CLOCK_MONOTONIC ns). The fast
-path, while the lease is valid, is one clock read and a compare:
-``monotonic_ns() < deadline``. A revoke from the daemon sets the deadline to
-0, so the next check takes the slow path. The slow path synchronises the
-device's outstanding work (through a :class:`DeviceAdapter`), releases the
-lease with the time really used and, in the same message, asks again
-(``release`` with ``again``), then waits for the grant.
-
-A background thread gives back a lease that no operation has used for
-``idle_ms``, after synchronising, so an instance without work never holds the
-GPU. When the daemon is gone the gate waits for it (``on_loss="wait"``) or
-lets work run unchecked (``on_loss="run"``).
+The gate keeps the current lease's deadline (CLOCK_MONOTONIC ns). The fast path,
+while the lease is valid, is one clock read and a compare. A revoke sets the
+deadline to 0, so the next check takes the slow path: it synchronises the
+device's outstanding work (through a :class:`DeviceAdapter`), releases the lease
+with the time really used and, in the same message, asks again (``release``
+with ``again``), then waits for the grant. A background thread gives back a
+lease no operation has used for ``idle_ms``, after synchronising, so an
+instance without work never holds the GPU. When the daemon is gone the gate
+waits for it (``on_loss="wait"``) or lets work run unchecked (``"run"``).
 """
 
 from __future__ import annotations

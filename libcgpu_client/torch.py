@@ -1,60 +1,18 @@
 """PyTorch interposer: every operator on a controlled device passes the slice gate.
 
-How this works
---------------
-:func:`install` pushes a ``TorchDispatchMode`` on the importing thread and on
-every thread started afterwards. For each operator the mode finds the device
-of its first tensor argument (or its ``device`` keyword):
+:func:`install` pushes a ``TorchDispatchMode`` on the importing thread and every
+thread started afterwards. With ``CGPU_DEVICE=cpu`` the CPU acts as the
+simulated GPU 0: CPU operators are gated and new tensor storage is reserved
+against the instance's ledger (tensors under 64 KiB are not counted). On CUDA,
+operators on ``cuda:i`` pass the gate of visible GPU ``i``, and the caching
+allocator is capped at what the daemon granted, growing on demand; a denial is
+``torch.OutOfMemoryError``. With ``libcgpu.so`` loaded, CUDA is left to it.
+Memory totals report the limit as the device's total.
 
-* with ``CGPU_DEVICE=cpu`` the **CPU acts as the simulated GPU** at position 0:
-  CPU operators are gated, and the storage of every new tensor is reserved
-  against the instance's memory ledger (tensors under 64 KiB are not counted);
-* on CUDA, operators on ``cuda:i`` are gated by the gate of visible GPU ``i``,
-  and the caching allocator's growth is tied to the ledger: the allocator is
-  capped with ``set_per_process_memory_fraction`` at what the daemon granted;
-  when it hits the cap the mode asks the daemon for more and retries the
-  operator, and a denial surfaces as ``torch.OutOfMemoryError``. When the
-  native shim (``libcgpu.so``, ``CGPU_NATIVE=1``) is loaded, CUDA enforcement is
-  left to it and only the CPU role remains here.
-
-Memory totals: ``torch.cuda.mem_get_info`` and ``get_device_properties`` report
-the instance's limit as the device total; :func:`mem_get_info` does the same
-for the simulated CPU device.
-
-The default hook's fast path: built-in layers
-----------------------------------------------
-A ``TorchDispatchMode`` sends every operator through Python, which costs about
-10 us an operator on this project's 2-core VM (an empty mode costs the same:
-2.8-5.3 % of ResNet-50 at 64x64, batch 16). With the CPU as simulated GPU,
-:class:`LayerGate` therefore gates the built-in layers whose ``forward`` is
-one functional call (:func:`single_operator_layers`: convolutions, linear,
-norms, activations, pools, dropout, embedding) at their call: when nothing
-else would happen in ``nn.Module.__call__`` (no hooks, not compiled, not
-traced), the input is a plain CPU tensor and autograd is off, the layer checks
-the gate, runs with the dispatch mode taken off and reserves its output.
-That is still a gate check right before the operator, and with autograd off
-such a call leaves nothing behind but its output (a test checks each layer
-against the per-operator path), so the ledger sees what the mode would.
-Everything else (operators outside those layers, any layer with autograd on,
-subclasses, hooked modules) goes through the mode. ResNet-50: 1.2-3.5 %
-across benchmark processes, median 1.46 %, against 2.9-4.1 % (median 3.25 %)
-with every operator through the mode (``CGPU_TORCH_HOOK=operator``).
-
-The opt-in module hooks
------------------------
-``CGPU_TORCH_HOOK=module`` makes :class:`ModuleGate` gate the CPU as simulated
-GPU at ``nn.Module`` calls instead, through PyTorch's global module hooks: the
-gate is checked before every module call (leaves included), the idle thread
-never releases the lease while a module runs, each module's output is
-reserved against the memory ledger, and while a module runs the dispatch mode
-is taken off, so operators inside modules skip Python.
-Operators outside any module still go through the dispatch mode.
-Shares hold under it (1 ms matmuls inside a module, 5 ms slices, weights 1:2:
-1.985-2.025 over five runs, and a test). It is not the default because it
-gives up two things the dispatch mode keeps: the gate is checked per module
-call, not per operator, so a module with a long ``forward`` runs on past its
-lease (the overrun is charged) and a revoke waits for the next module call;
-and intermediate tensors that a module creates and drops are not reserved.
+A dispatch mode costs a Python round trip per operator, so the default hook
+gates built-in single-operator layers at their call (:class:`LayerGate`);
+``CGPU_TORCH_HOOK=module`` gates at module calls instead (:class:`ModuleGate`),
+and ``operator`` sends every operator through the mode.
 """
 
 from __future__ import annotations
@@ -267,7 +225,15 @@ def _patch_cuda_totals(rt: Runtime) -> None:
 
 
 class ModuleGate:
-    """Gates CPU-as-GPU work at ``nn.Module`` calls; the dispatch mode is off inside modules."""
+    """Gates CPU-as-GPU work at ``nn.Module`` calls; the dispatch mode is off inside modules.
+
+    The opt-in hook (``CGPU_TORCH_HOOK=module``), through PyTorch's global module hooks: the gate is
+    checked before every module call (leaves included), the idle thread never releases the lease
+    while a module runs, and each module's output is reserved. Operators outside any module still go
+    through the dispatch mode. Coarser than the default: a module with a long ``forward`` runs on
+    past its lease (the overrun is charged), a revoke waits for the next module call, and
+    intermediate tensors that a module creates and drops are not reserved.
+    """
 
     def __init__(self, mode: CgpuMode, pos: int = 0) -> None:
         self.mode = mode

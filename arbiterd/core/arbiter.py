@@ -1,26 +1,15 @@
 """The node's arbiter: every GPU's scheduler, instance records, clients and memory.
 
-How this works
---------------
-An *instance record* is one container's settings on one GPU (weight,
-highprio, memsize). It comes into being in one of two ways:
-
-* **provisioned** through ``inst_ctl`` by a trusted party (a runtime hook, a
-  device plugin, an operator) before the container's first client connects;
-* **on first registration** of a client, from the settings the client states
-  (its environment), but only while ``trust_client_env`` is on; otherwise
-  from the defaults.
-
-A GPU-core percentage (behaviour §3) is a weight: P % is weight P/5 of 20
-slots on policy 3, a hard cap of P % of the GPU. The first such instance on an
-unused GPU still on policy 1 (the default) sets it to policy 3 with max_inst
-20; on a GPU already set otherwise it is weight P/5 there, with a warning.
-
-Provisioned settings always win, and once a record exists later clients of
-the same instance join it: a client can never change settings through the
-client socket. A record without clients lingers for ``linger_ns`` (so that a
-client that reconnects after a daemon restart finds its settings) and is then
-dropped unless it was provisioned.
+An *instance record* is one container's settings on one GPU (weight, highprio,
+memsize). It is **provisioned** through ``inst_ctl`` by a trusted party (a
+runtime hook, a device plugin, an operator), or made **at the first
+registration** of a client, from the settings it states, only while
+``trust_client_env`` is on (else from the defaults). Provisioned settings always
+win; later clients of an instance join its record, so the client socket never
+changes settings. A record without clients lingers ``linger_ns`` (a client that
+reconnects after a restart finds its settings), then goes unless provisioned.
+A GPU-core percentage is a weight (behaviour §3): the first on an unused GPU
+still on policy 1 sets it to policy 3 with 20 slots.
 
 Like the schedulers, the arbiter does no I/O: every call takes ``now`` and
 returns effects.

@@ -9,8 +9,7 @@ its lease back after ``idle_release_ns``; a revoke is honoured at the next
 operation boundary. Operations run for their full length once started, so an
 op that starts just before the deadline overruns it, as on a real GPU.
 
-Workloads: busy (back-to-back ops), idle (never asks), bursty (on/off periods
-with back-to-back ops while on) and any fixed op length, including ops longer
+Workloads: busy, idle, bursty (on/off) and any op length, including ops longer
 than a slice. :meth:`Simulation.run` integrates the scheduler's entitled share
 of each instance (:meth:`GpuScheduler.entitled`, for the instances whose
 workload is on) over the run: the target the measured share is compared with.

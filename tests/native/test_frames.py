@@ -3,6 +3,7 @@ can round-trip: a recording proxy between the shim and a real arbiterd decodes e
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from pathlib import Path
@@ -14,6 +15,12 @@ from tests.helpers import DaemonProc
 from tests.native.conftest import Native, at, lines, start_job
 
 DAEMON = ("--sim-gpus", "1x16GiB", "--identity", "declared", "--trust-client-env")
+
+
+def _shutdown(*socks: socket.socket) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
 
 
 class RecordingProxy:
@@ -49,11 +56,7 @@ class RecordingProxy:
             except OSError:
                 data = b""
             if not data:
-                for s in (src, dst):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                _shutdown(src, dst)
                 return
             if record:
                 try:
@@ -65,11 +68,7 @@ class RecordingProxy:
     def drop_all(self) -> None:
         """As if the daemon went away: every connection is cut."""
         for client, server in self.conns:
-            for s in (client, server):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shutdown(client, server)
         self.conns.clear()
 
     def close(self) -> None:

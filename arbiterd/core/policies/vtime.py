@@ -2,22 +2,15 @@
 
 Holding for ``t`` ns adds ``t * VR_SCALE / weight`` to an instance's
 ``vruntime`` and the smallest goes next. An instance that comes back from idle
-joins at the tail of the current round (the largest ``vruntime`` among
-instances with demand, never below the GPU's ``min_vr``, which only moves
-forward), so it cannot bank credit and nobody waits more than one round.
-
-* 1, preemptive: every weight counts as 1, one slice a turn; instances without
-  demand are skipped.
-* 2, weighted: a turn is ``weight`` slices; instances without demand keep their
-  turn, which passes with the GPU idle, and an early release keeps the rest of
-  the turn idle unless the owner comes back.
-* 4, weak: weighted turns, work-conserving: time nobody with demand wants goes
-  to whoever wants it.
-
-A lease is *extended* while no other instance wants the GPU (a lone instance
-never renews); when another starts to wait, the holder keeps its nominal turn
-and no more. Time held past a deadline is debt, paid by shortening (or
-skipping) the next turn.
+joins at the tail of the round (never below the GPU's ``min_vr``, which only
+moves forward), so it cannot bank credit and nobody waits more than one round.
+1 (preemptive) counts every weight as 1, one slice a turn, and skips instances
+without demand; 2 (weighted) gives ``weight`` slices a turn and lets an idle
+instance's turn pass with the GPU idle (an early release keeps the rest of the
+turn idle too); 4 (weak) is weighted and work-conserving. A lease is extended
+while no other instance wants the GPU; when another starts to wait, the
+holder keeps its nominal turn and no more. Time held past a deadline is debt,
+paid by shortening or skipping the next turn.
 """
 
 from __future__ import annotations

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from arbiterd.server.config import Config
+from arbiterd.server.devices import parse_sim_gpus
+from arbiterd.server.hub import Hub
+from arbiterd.server.persist import StateStore
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Hub:
+    """A hub on two simulated GPUs, its state in a temporary dir (no sockets, no event loop)."""
+    cfg = Config(sim_gpus="2x16GiB", identity="declared", state_dir=str(tmp_path))
+    return Hub(cfg, parse_sim_gpus("2x16GiB"), StateStore(str(tmp_path)))

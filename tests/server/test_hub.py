@@ -1,0 +1,58 @@
+"""The hub turns every effect into its wire message, for the right peer, and counts it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from arbiterd.core.effects import Grant, Revoke
+from arbiterd.core.settings import InstanceSettings
+from arbiterd.server.hub import Hub
+from libcgpu_client import protocol as p
+
+
+class Peer:
+    def __init__(self, cid: int) -> None:
+        self.cid, self.pid = cid, 1000 + cid
+        self.sent: list[p.Message] = []
+
+    def send(self, msg: p.Message) -> None:
+        self.sent.append(msg)
+
+    def close(self) -> None:
+        pass
+
+
+def test_effects_become_messages_for_their_peer(hub: Hub) -> None:
+    async def go() -> tuple[Peer, Peer]:
+        a, b = Peer(1), Peer(2)
+        hub.peers.update({1: a, 2: b})
+        hub.apply([Grant(1, 0, 7, 123, 50_000), Revoke(2, 0, 8, "highprio"), Grant(3, 0, 9, 1, 0)])
+        await asyncio.sleep(0)
+        return a, b
+
+    a, b = asyncio.run(go())
+    assert a.sent == [p.Grant(0, 7, 123)]
+    assert b.sent == [p.Revoke(0, 8, "highprio")]
+    assert hub.counters.grants_sent == 1 and hub.counters.revokes_sent == 1
+
+
+def test_a_detached_peer_drops_its_lease_and_the_next_waiter_is_granted(hub: Hub) -> None:
+    async def go() -> Peer:
+        now = time.monotonic_ns()
+        arb = hub.arbiter
+        arb.provision("x", [0], InstanceSettings(), now)
+        arb.provision("y", [0], InstanceSettings(), now)
+        first, second = Peer(0), Peer(0)
+        for peer, name in ((first, "x"), (second, "y")):
+            peer.cid = hub.attach(peer)
+            arb.connect(peer.cid, peer.pid, 0)
+            arb.register(peer.cid, name, [0], {}, now)
+        hub.apply(arb.acquire(first.cid, 0, now))
+        hub.apply(arb.acquire(second.cid, 0, now))
+        hub.detach(first.cid)
+        await asyncio.sleep(0)
+        return second
+
+    second = asyncio.run(go())
+    assert [m.OP for m in second.sent] == ["grant"]

@@ -1,0 +1,40 @@
+"""The metrics collector on a private registry: live state at every scrape, names from the settings table."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from arbiterd.core.settings import GPU, InstanceSettings
+from arbiterd.server import status as status_mod
+from arbiterd.server.hub import Hub
+from arbiterd.server.metrics import ArbiterCollector
+
+
+def registry(hub: Hub) -> CollectorRegistry:
+    history = status_mod.History()
+    reg = CollectorRegistry()
+    reg.register(ArbiterCollector(hub, lambda: status_mod.build(hub.arbiter, hub.gpus, history, clients=0,
+                                                                 started_at=0.0, state_file="", state_problem=None)))
+    return reg
+
+
+def test_a_gauge_per_gpu_setting_and_instance_values(hub: Hub) -> None:
+    hub.arbiter.provision("a", [1], InstanceSettings(weight=3, memsize=2**30), 0)
+    reg = registry(hub)
+    for name in GPU:
+        assert reg.get_sample_value(f"cgpu_gpu_{name}", {"gpu": "0"}) is not None, name
+    assert reg.get_sample_value("cgpu_gpu_policy", {"gpu": "1"}) == 2  # a weight above 1 made it weighted
+    labels = {"gpu": "1", "instance": "a"}
+    assert reg.get_sample_value("cgpu_instance_weight", labels) == 3
+    assert reg.get_sample_value("cgpu_instance_memory_limit_bytes", labels) == 2**30
+    assert reg.get_sample_value("cgpu_gpu_free_weight", {"gpu": "1"}) == 13
+
+
+def test_counters_follow_the_hub(hub: Hub) -> None:
+    reg = registry(hub)
+    hub.counters.granted(30_000)
+    hub.counters.bad_frames += 2
+    assert reg.get_sample_value("cgpu_grant_latency_seconds_count") == 1
+    assert reg.get_sample_value("cgpu_grant_latency_seconds_bucket", {"le": "5e-05"}) == 1
+    assert reg.get_sample_value("cgpu_grant_latency_seconds_bucket", {"le": "2.5e-05"}) == 0
+    assert reg.get_sample_value("cgpu_bad_frames_total") == 2
