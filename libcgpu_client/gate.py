@@ -22,12 +22,15 @@ from typing import Protocol
 
 from libcgpu_client.client import Client, LeaseListener
 from libcgpu_client.protocol import Acquire, Release
+from libcgpu_client.warmup import NEVER, WarmupMeter
 
 log = logging.getLogger("libcgpu_client.gate")
 _now = time.monotonic_ns
 
 
 class DeviceAdapter(Protocol):
+    synchronous: bool  # operations finish before the gate is checked again (the warm-up can be measured)
+
     def synchronize(self) -> None:
         """Wait until every piece of work queued on the device has finished."""
 
@@ -35,12 +38,16 @@ class DeviceAdapter(Protocol):
 class CpuAdapter:
     """The CPU as a simulated GPU: operators run synchronously, nothing to wait for."""
 
+    synchronous = True
+
     def synchronize(self) -> None:
         return None
 
 
 class CudaAdapter:
     """Synchronises one CUDA device through PyTorch (``torch.cuda.synchronize``)."""
+
+    synchronous = False
 
     def __init__(self, device_index: int, sync: Callable[[int], None] | None = None) -> None:
         self.device_index = device_index
@@ -76,6 +83,8 @@ class Gate:
         self._lease: int | None = None
         self._granted_at = 0
         self._uses = 0
+        self._warmup = WarmupMeter(self.device.synchronous)
+        self._mark_at = NEVER
         self._active = 0
         self._lock = threading.RLock()
         self._granted = threading.Condition(self._lock)
@@ -94,8 +103,11 @@ class Gate:
     # ---------------------------------------------------------------- public
     def check(self) -> None:
         """Return once this process may put work on the GPU."""
-        if _now() < self._deadline:
+        now = _now()
+        if now < self._deadline:
             self._uses += 1
+            if now >= self._mark_at:  # the lease's first use, or the end of its first stretch
+                self._mark_at = self._warmup.mark(now, self._uses)
             return
         self._slow()
 
@@ -146,6 +158,9 @@ class Gate:
                     self._ask()
                 self._granted.wait(0.5)
             self._uses += 1
+            now = _now()
+            if now >= self._mark_at:
+                self._mark_at = self._warmup.mark(now, self._uses)
 
     def _ask(self) -> None:
         self._waiting = True
@@ -154,25 +169,28 @@ class Gate:
             self._waiting = False
 
     def _give_back(self, again: bool) -> None:
+        """Release the lease; ``again`` (from the slow path, at a use): ask for the next turn in the same message."""
         lease, self._lease = self._lease, None
         self._deadline = 0
         if lease is None:
             return
-        used = self._ended()
+        end = self._ended()
+        # from the slow path this is the boundary of the use about to start: count it as one
+        lost = self._warmup.lost(end, self._uses + 1 if again else self._uses, at_use=again)
         self._waiting = again
         if again:
             self.acquires += 1
-        sent = self.client.send(Release(self.gpu, lease, used, again))
+        sent = self.client.send(Release(self.gpu, lease, end - self._granted_at, again, warmup_ns=lost or None))
         if not sent:
             self._waiting = False
 
     def _ended(self) -> int:
-        """The held lease ends now: count its time and tell the callbacks; returns the time held."""
+        """The held lease ends now: count its time and tell the callbacks; returns when."""
         end = _now()
         self.held_ns += end - self._granted_at
         for callback in self.on_lease_end:
             callback(self._granted_at, end)
-        return end - self._granted_at
+        return end
 
     # ------------------------------------------------------------- callbacks
     def _on_grant(self, lease: int, deadline: int) -> None:
@@ -183,6 +201,8 @@ class Gate:
             self._waiting = False
             self._lease = lease
             self._granted_at = _now()
+            self._warmup.begin(self._granted_at)
+            self._mark_at = 0
             self._deadline = deadline
             self._has_lease.set()
             self._granted.notify_all()

@@ -310,10 +310,11 @@ class Arbiter:
         return self.scheds[gpu].acquire(rec.name, cid, now)
 
     def release(
-        self, cid: int, gpu: int, lease: int, now: int, again: bool = False, used_ns: int | None = None
+        self, cid: int, gpu: int, lease: int, now: int, again: bool = False, used_ns: int | None = None,
+        warmup_ns: int | None = None,
     ) -> tuple[list[Effect], bool]:
         self._registered(cid, gpu)
-        return self.scheds[gpu].release(cid, lease, now, again=again, used_ns=used_ns)
+        return self.scheds[gpu].release(cid, lease, now, again=again, used_ns=used_ns, warmup_ns=warmup_ns)
 
     def mem_reserve(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
         rec = self._registered(cid, gpu)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from arbiterd.core.accounting import HandoverMeter
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
-from arbiterd.core.settings import GpuSettings
+from arbiterd.core.settings import AUTO, GpuSettings
 
 VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
 DEBT_CAP_SLICES = 20  # debt beyond this (a stalled client) is not repaid by skipping turns
@@ -29,7 +30,8 @@ class InstanceState:
     order: int
     vruntime: int = 0
     debt_ns: int = 0
-    held_ns: int = 0
+    held_ns: int = 0  # grant to release, as the daemon saw it
+    useful_ns: int = 0  # what it was billed: held time less each lease's hand-over
     grants: int = 0
     served: int = 0  # sequence number of its last grant: ties go to the least recently served
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
@@ -39,9 +41,10 @@ class InstanceState:
 class Bill:
     """How a lease ended, for the class that bills it."""
 
-    held: int  # billable time: grant to release, less the hand-over discount
-    overrun: int  # billable time past the deadline
-    end: int  # when it really ended
+    held: int  # grant to release, as the daemon saw it
+    billed: int  # useful time: held, less its hand-over
+    overrun: int  # useful time past the turn's useful length (its deadline less the extension)
+    end: int  # when it really ended (the release arrived)
 
 
 class Charger(Protocol):
@@ -61,7 +64,8 @@ class Lease:
     ring: bool = False
     prepaid_ns: int = 0
     revoked_ns: int | None = None
-    discount_ns: int = 0
+    discount_ns: int = 0  # its hand-over, billed to nobody (set at release)
+    extension_ns: int = 0  # the expected hand-over added to its length, so the turn holds its useful time
     nominal_ns: int | None = None  # set while extended: where the lease would have ended
     native_client: int | None = None  # native policy: the one client of this lease (its key in ``native``)
     owner: Charger | None = None
@@ -93,10 +97,17 @@ class GpuState:
         self._last_lease = 0
         self.turns = 0
         self.busy_since: int | None = None
+        self.handover = HandoverMeter()
+        self.slice_ns = self.pick_slice_ns()
+        self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
 
-    @property
-    def slice_ns(self) -> int:
-        return self.settings.slice_ms * NS_PER_MS
+    def pick_slice_ns(self) -> int:
+        """The slice in force: the pinned ``slice_ms``, or what ``auto`` makes of the measured hand-over."""
+        s = self.settings
+        if s.slice_ms != AUTO:
+            return s.slice_ms * NS_PER_MS
+        return self.handover.auto_slice_ns(s.handover_target_pct, s.slice_min_ms, s.slice_max_ms)
+
 
     def holders(self) -> list[Lease]:
         """Every lease now held on this GPU."""
@@ -124,10 +135,13 @@ class GpuState:
         return min(candidates, key=lambda i: (i.vruntime, i.served, i.order))
 
     def grant(self, inst: InstanceState, now: int, deadline: int, owner: Charger, *, highprio: bool = False,
-              ring: bool = False, prepaid: int = 0) -> list[Effect]:
-        """Give the GPU to every waiting client of ``inst`` until ``deadline``; ``owner`` bills it."""
+              ring: bool = False, prepaid: int = 0, extension: int = 0) -> list[Effect]:
+        """Give the GPU to every waiting client of ``inst`` until ``deadline``; ``owner`` bills it.
+
+        ``extension`` is the part of the lease's length that pays for its expected hand-over.
+        """
         lease = Lease(self.next_lease_id(), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid,
-                      owner=owner)
+                      extension_ns=extension, owner=owner)
         waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
         effects: list[Effect] = [Grant(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
         inst.waiters.clear()

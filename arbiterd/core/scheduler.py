@@ -9,17 +9,20 @@ at most one instance holds the lease and all its clients share it; under the
 native policy every client gets a lease of its own at once.
 
 The choice is made by two classes, asked in turn (policies/): high priority
-first, then the GPU's policy. A lease is charged by the class that granted it
-from grant to release, overrun included, less the hand-over (accounting.py).
-A holder still holding ``overrun_ms`` after its deadline (or a revoke) is cut
-off, charged up to then and counted in ``stats.overruns``.
+first, then the GPU's policy. A lease is billed by the class that granted it,
+for its *useful* time: from grant to release, overrun included, less the
+hand-over it cost (measured per lease: the transit both ways, the client's wait
+for its first use and its first operations' warm-up; accounting.py). The
+median hand-over lengthens every turn so that it holds its useful time, and
+sizes ``slice_ms = auto``. A holder still holding ``overrun_ms`` after its
+deadline (or a revoke) is cut off, charged up to then and counted.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 
-from arbiterd.core.accounting import HandoverMeter
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
 from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
@@ -35,12 +38,13 @@ class GpuScheduler(GpuState):
         check_gpu_settings(settings)
         super().__init__(index, settings, now)
         self._client_inst: dict[int, InstanceState] = {}
-        self.handover = HandoverMeter()
         self.hp = HighPriority(self, now)
         self.policy: Policy = make_policy(settings.policy, self, now)
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
+            **{name: functools.partial(self._set_slice_bound, name)
+               for name in ("slice_min_ms", "slice_max_ms", "handover_target_pct")},
         }
 
     # ------------------------------------------------------------------ derived
@@ -59,6 +63,15 @@ class GpuScheduler(GpuState):
         for lease in self.holders():
             if lease.inst is inst:
                 total += now - lease.granted_ns
+        return total
+
+    def useful_ns(self, name: str, now: int) -> int:
+        """Time ``name`` was billed for (held less hand-overs), including a lease still running."""
+        inst = self._inst(name)
+        total = inst.useful_ns
+        for lease in self.holders():
+            if lease.inst is inst:
+                total += max(0, now - lease.granted_ns - lease.extension_ns)
         return total
 
     def busy_ns(self, now: int) -> int:
@@ -127,8 +140,36 @@ class GpuScheduler(GpuState):
             raise NotFoundError(f"no GPU setting {name}") from None
         return setter(value, now)
 
+    def _set_slice_bound(self, name: str, value: int, now: int) -> list[Effect]:
+        """``slice_min_ms``, ``slice_max_ms`` or ``handover_target_pct``: what ``slice_ms = auto`` may do."""
+        GPU[name].valid(value)
+        s = self.settings
+        lo, hi = (value, s.slice_max_ms) if name == "slice_min_ms" else (s.slice_min_ms, value)
+        if name != "handover_target_pct" and lo > hi:
+            raise ConflictError(f"{name}: slice_min_ms {lo} would be above slice_max_ms {hi}")
+        setattr(s, name, value)
+        self._refresh_slice(now)
+        return self._schedule(now)
+
+    def _refresh_slice(self, now: int) -> None:
+        """Put the slice and the turn extension in force again (a setting or the measured hand-over changed).
+
+        The extension follows the median hand-over once it has moved by 5 % (rings are rebuilt
+        for it, so it does not follow every sample).
+        """
+        slice_ns = self.pick_slice_ns()
+        median = self.handover.median
+        moved = abs(median - self.extension_ns) * 20 > self.extension_ns
+        if slice_ns == self.slice_ns and not moved:
+            return
+        self.slice_ns = slice_ns
+        if moved:
+            self.extension_ns = median
+        self.hp.clamp()
+        self.policy.changed(now)
+
     def set_policy(self, policy: int, now: int) -> list[Effect]:
-        GPU["policy"].check(policy)
+        GPU["policy"].valid(policy)
         if policy == self.settings.policy:
             return []
         self.hp.accrue(now)
@@ -159,11 +200,12 @@ class GpuScheduler(GpuState):
         """
         lease.prepaid_ns = max(lease.prepaid_ns, now - lease.granted_ns)
         lease.deadline_ns = min(lease.deadline_ns, now)
+        lease.extension_ns = 0
         lease.nominal_ns = None
         return self.revoke(lease, now, "policy")
 
     def set_max_inst(self, value: int, now: int) -> list[Effect]:
-        GPU["max_inst"].check(value)
+        GPU["max_inst"].valid(value)
         used = sum(i.weight for i in self.instances.values())
         if value < used:
             raise ConflictError(f"max_inst {value} is below the sum of weights {used}")
@@ -172,20 +214,20 @@ class GpuScheduler(GpuState):
         return self._schedule(now)
 
     def set_prio_ratio(self, value: int, now: int) -> list[Effect]:
-        GPU["prio_ratio"].check(value)
+        GPU["prio_ratio"].valid(value)
         self.hp.accrue(now)
         self.settings.prio_ratio = value
         self.hp.clamp()
         return self._schedule(now)
 
     def set_slice_ms(self, value: int, now: int) -> list[Effect]:
-        GPU["slice_ms"].check(value)
+        GPU["slice_ms"].valid(value)
         self.settings.slice_ms = value
-        self.policy.changed(now)
+        self._refresh_slice(now)
         return self._schedule(now)
 
     def set_overrun_ms(self, value: int, now: int) -> list[Effect]:
-        GPU["overrun_ms"].check(value)
+        GPU["overrun_ms"].valid(value)
         self.settings.overrun_ms = value
         return self._schedule(now)
 
@@ -233,14 +275,16 @@ class GpuScheduler(GpuState):
         return effects + self._schedule(now)
 
     def release(
-        self, client: int, lease_id: int, now: int, again: bool = False, used_ns: int | None = None
+        self, client: int, lease_id: int, now: int, again: bool = False, used_ns: int | None = None,
+        warmup_ns: int | None = None,
     ) -> tuple[list[Effect], bool]:
         """``client`` gives ``lease_id`` back. Returns (effects, whether it was current).
 
         With ``again`` the client still has work: it is queued again in the same
         step, so the choice of the next holder sees its demand (a renew).
         ``used_ns`` is the time the client itself saw the lease (grant received to
-        release sent); the difference is the hand-over's transit (accounting.py).
+        release sent; the difference is the transit both ways) and ``warmup_ns``
+        what it lost at the start (accounting.py).
         """
         current = False
         if again:  # queued first, so the renewing instance still counts as having demand
@@ -250,7 +294,7 @@ class GpuScheduler(GpuState):
         for lease in self._leases_of(client):
             if lease.id == lease_id:
                 if used_ns is not None and len(lease.clients) == 1:
-                    lease.discount_ns = self.handover.discount(now - lease.granted_ns, used_ns)
+                    self._measure(lease, now, used_ns, warmup_ns or 0)
                 self._drop_holder(lease, client, now)
                 current = True
         if not current and not again:
@@ -313,6 +357,13 @@ class GpuScheduler(GpuState):
             leases.append(self.lease)
         return leases
 
+    def _measure(self, lease: Lease, now: int, used_ns: int, warmup_ns: int) -> None:
+        """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the median."""
+        overhead = max(0, now - lease.granted_ns - used_ns) + max(0, warmup_ns)
+        if self.handover.observe(overhead):
+            self._refresh_slice(now)
+        lease.discount_ns = min(self.handover.discount(overhead), now - lease.granted_ns)
+
     def _cutoff(self, lease: Lease) -> int:
         base = lease.revoked_ns if lease.revoked_ns is not None else lease.deadline_ns
         return base + self.overrun_ns
@@ -324,11 +375,12 @@ class GpuScheduler(GpuState):
 
     def _end_lease(self, lease: Lease, now: int) -> None:
         self.hp.accrue(now)
-        end = max(lease.granted_ns, now - lease.discount_ns)  # charge up to the end of real use
-        held = end - lease.granted_ns
+        held = now - lease.granted_ns
+        billed = max(0, held - lease.discount_ns)  # its useful time: what it held less its hand-over
         inst = lease.inst
         inst.held_ns += held
-        if end > lease.deadline_ns:
+        inst.useful_ns += billed
+        if now > lease.deadline_ns:
             self.stats.late_releases += 1
         if lease is self.lease:
             self.lease = None
@@ -336,7 +388,8 @@ class GpuScheduler(GpuState):
             del self.native[lease.native_client]
         lease.clients.clear()
         owner = lease.owner if lease.owner is not None else self.policy
-        charged = owner.charge(lease, Bill(held, max(0, end - lease.deadline_ns), now))
+        overrun = max(0, lease.granted_ns + billed - (lease.deadline_ns - lease.extension_ns))
+        charged = owner.charge(lease, Bill(held, billed, overrun, now))
         self.charge_vtime(inst, charged, self.policy.vtime_weight(inst))
         if self.lease is None and not self.native and self.busy_since is not None:
             self.stats.busy_ns += now - self.busy_since

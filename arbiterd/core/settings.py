@@ -76,11 +76,10 @@ class Setting:
         return self.check(int(t))
 
     def check(self, value: object, hi: int | None = None) -> int:
-        """``value`` if valid (``hi`` narrows the range, e.g. a weight to the GPU's max_inst)."""
+        """The stored form of ``value`` as given from outside (a number, or text such as ``auto``); ``hi``
+        narrows the range (a weight to the GPU's max_inst)."""
         if isinstance(value, str):
             return self.parse(value)
-        if self.kind == "auto" and value == AUTO and not isinstance(value, bool):
-            return AUTO
         if self.kind == "flag" and isinstance(value, bool):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -92,9 +91,19 @@ class Setting:
             raise SettingError(f"{self.name}: {value} is out of range {self.lo}..{top}")
         return value
 
+    def valid(self, value: object, hi: int | None = None) -> int:
+        """``value`` if it is a valid stored value (``AUTO`` included), for code that holds stored values."""
+        if self.kind == "auto" and type(value) is int and value == AUTO:
+            return AUTO
+        return self.check(value, hi)
+
     def format(self, value: int) -> str:
         """The text a value reads back as."""
         return "auto" if self.kind == "auto" and value == AUTO else str(value)
+
+    def external(self, value: int) -> int | str:
+        """The value as files and documents hold it: ``auto``, or the number."""
+        return "auto" if self.kind == "auto" and value == AUTO else value
 
 
 def setting(default: int, help: str, lo: int = 0, hi: int = 2**63 - 1, kind: Kind = "int",
@@ -112,7 +121,12 @@ class GpuSettings:
     max_inst: int = setting(16, "number of slots the GPU's time is divided into; not below the sum of weights",
                             1, MAX_INST_MAX)
     prio_ratio: int = setting(50, "most GPU time (%) that high-priority instances may take", 20, 99)
-    slice_ms: int = setting(5, "slice length in ms", 1, 100)
+    slice_ms: int = setting(AUTO, "slice length in ms, or auto: the shortest slice that keeps the measured "
+                                  "hand-over cost at or under handover_target_pct of GPU time", 1, 100, "auto")
+    slice_min_ms: int = setting(5, "with slice_ms auto: the shortest slice it may choose (ms)", 1, 100)
+    slice_max_ms: int = setting(100, "with slice_ms auto: the longest slice it may choose (ms)", 1, 100)
+    handover_target_pct: int = setting(2, "with slice_ms auto: the share of GPU time (%) hand-overs may cost",
+                                       1, 50)
     overrun_ms: int = setting(500, "cut a holder off this long after its deadline (or a revoke)", 1, 3_600_000)
 
 
@@ -163,7 +177,9 @@ def core_weight(percent: object) -> int:
 def check_gpu_settings(s: GpuSettings) -> None:
     """Raise SettingError if any field of ``s`` is out of range."""
     for name, spec in GPU.items():
-        spec.check(getattr(s, name))
+        spec.valid(getattr(s, name))
+    if s.slice_min_ms > s.slice_max_ms:
+        raise SettingError(f"slice_min_ms: {s.slice_min_ms} is above slice_max_ms {s.slice_max_ms}")
 
 
 def parse_size(name: str, text: str) -> int:

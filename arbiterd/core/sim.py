@@ -9,8 +9,12 @@ its lease back after ``idle_release_ns``; a revoke is honoured at the next
 operation boundary. Operations run for their full length once started, so an
 op that starts just before the deadline overruns it, as on a real GPU.
 
-Workloads: busy, idle, bursty (on/off) and any op length, including ops longer
-than a slice. :meth:`Simulation.run` integrates the scheduler's entitled share
+A :class:`SwitchCost` makes each hand-over cost something, as it does on a
+real host: messages take ``transit_ns`` each way, a client starts its first op
+``wake_ns`` after the grant arrives, and that op takes ``warm_ns`` longer; the
+client reports the last two as the gate does (``warmup_ns``). Workloads: busy,
+idle, bursty (on/off) and any op length. The share measured is *useful* time
+(the nominal op time done). :meth:`Simulation.run` integrates the scheduler's entitled share
 of each instance (:meth:`GpuScheduler.entitled`, for the instances whose
 workload is on) over the run: the target the measured share is compared with.
 """
@@ -72,6 +76,16 @@ def bursty(op_ms: float, on_ms: float, off_ms: float, phase_ms: float = 0.0) -> 
 
 
 @dataclass(frozen=True, slots=True)
+class SwitchCost:
+    """What a hand-over costs a client (see the module docstring); all zero: nothing."""
+
+    transit_ns: int = 0
+    wake_ns: int = 0
+    warm_ns: int = 0
+    report: bool = True  # the client reports its wake-up and warm-up with each release
+
+
+@dataclass(frozen=True, slots=True)
 class SimInstance:
     name: str
     weight: int = 1
@@ -117,6 +131,9 @@ class _Client:
     waiting_since: int | None = None
     op_end: int | None = None
     last_active: int = 0
+    got_at: int = 0  # when the current lease's grant arrived
+    cold: bool = False  # the next op is the lease's first: it pays the warm-up
+    lost_ns: int = 0  # wake-up and warm-up of the current lease, as reported
 
 
 class Simulation:
@@ -128,12 +145,14 @@ class Simulation:
         instances: list[SimInstance],
         idle_release_ns: int = 2 * NS_PER_MS,
         trace: bool = False,
+        switch: SwitchCost | None = None,
     ) -> None:
         self.sched = GpuScheduler(0, settings, now=0)
+        self.switch = switch or SwitchCost()
         self.instances = instances
         self.idle_release_ns = idle_release_ns
         self.now = 0
-        self._heap: list[tuple[int, int, str, int]] = []
+        self._heap: list[tuple[int, int, str, int, tuple[int, ...]]] = []
         self._seq = itertools.count()
         self._ticks: set[int] = set()
         self.clients: dict[int, _Client] = {}
@@ -151,8 +170,8 @@ class Simulation:
                 self.clients[c.cid] = c
 
     # event plumbing
-    def _push(self, t: int, kind: str, cid: int = 0) -> None:
-        heapq.heappush(self._heap, (t, next(self._seq), kind, cid))
+    def _push(self, t: int, kind: str, cid: int = 0, payload: tuple[int, ...] = ()) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, cid, payload))
 
     def _arm_tick(self) -> None:
         t = self.sched.next_wakeup()
@@ -164,20 +183,40 @@ class Simulation:
         pending = list(effects)
         while pending:
             eff = pending.pop(0)
-            c = self.clients[eff.client]
-            if isinstance(eff, Grant):
-                c.lease, c.deadline, c.revoked = eff.lease, eff.deadline_ns, False
-                if c.waiting_since is not None:
-                    wait = self.now - c.waiting_since
-                    self.max_wait[c.inst.name] = max(self.max_wait[c.inst.name], wait)
-                c.waiting_since = None
-                if self.trace:
-                    self.events.append((self.now, c.inst.name, "grant"))
-                pending += self._work(c)
-            elif isinstance(eff, Revoke) and eff.lease == c.lease:
-                c.revoked = True
-                if c.op_end is None:
-                    pending += self._work(c)
+            if self.switch.transit_ns:  # the client sees it later
+                is_grant = isinstance(eff, Grant)
+                payload = (eff.lease, eff.deadline_ns if isinstance(eff, Grant) else 0)
+                self._push(self.now + self.switch.transit_ns, "grant" if is_grant else "revoke", eff.client, payload)
+                continue
+            pending += self._deliver(eff)
+        self._check_holders()
+
+    def _deliver(self, eff: Effect) -> list[Effect]:
+        """The client acts on a grant or a revoke that has reached it."""
+        c = self.clients[eff.client]
+        if isinstance(eff, Grant):
+            if eff.lease == c.lease:  # the deadline of the lease it holds moved
+                c.deadline = eff.deadline_ns
+                return []
+            if c.waiting_since is None:
+                return []  # a grant it no longer waits for (it gave that lease back)
+            c.lease, c.deadline, c.revoked = eff.lease, eff.deadline_ns, False
+            self.max_wait[c.inst.name] = max(self.max_wait[c.inst.name], self.now - c.waiting_since)
+            c.waiting_since = None
+            c.got_at, c.cold, c.lost_ns = self.now, True, 0
+            if self.trace:
+                self.events.append((self.now, c.inst.name, "grant"))
+            if self.switch.wake_ns:
+                self._push(self.now + self.switch.wake_ns, "wake", c.cid)
+                return []
+            return self._work(c)
+        if isinstance(eff, Revoke) and eff.lease == c.lease:
+            c.revoked = True
+            if c.op_end is None:
+                return self._work(c)
+        return []
+
+    def _check_holders(self) -> None:
         holders = len(self.sched.holders())
         self.max_holders = max(self.max_holders, holders)
         if self.sched.settings.policy != NATIVE:
@@ -194,7 +233,24 @@ class Simulation:
         lease, c.lease = c.lease, None
         if again:
             c.waiting_since = self.now
-        effects, _ = self.sched.release(c.cid, lease, self.now, again=again)
+        sw = self.switch
+        if sw == SwitchCost():
+            effects, _ = self.sched.release(c.cid, lease, self.now, again=again)
+            return effects
+        report = (self.now - c.got_at, c.lost_ns if sw.report else 0)
+        return self._to_daemon(c, "release", (lease, int(again), *report))
+
+    def _to_daemon(self, c: _Client, kind: str, payload: tuple[int, ...]) -> list[Effect]:
+        if self.switch.transit_ns:
+            self._push(self.now + self.switch.transit_ns, kind, c.cid, payload)
+            return []
+        return self._at_daemon(c, kind, payload)
+
+    def _at_daemon(self, c: _Client, kind: str, payload: tuple[int, ...]) -> list[Effect]:
+        if kind == "acquire":
+            return self.sched.acquire(c.inst.name, c.cid, self.now)
+        lease, again, used, warmup = payload
+        effects, _ = self.sched.release(c.cid, lease, self.now, again=bool(again), used_ns=used, warmup_ns=warmup)
         return effects
 
     def _work(self, c: _Client) -> list[Effect]:
@@ -214,12 +270,16 @@ class Simulation:
             return effects
         if c.lease is not None and not c.revoked and self.now < c.deadline:
             c.op_end = self.now + wl.op_ns
+            if c.cold:  # the lease's first op: slower by the warm-up, after the wake-up it waited
+                c.op_end += self.switch.warm_ns
+                c.lost_ns = self.now - c.got_at + self.switch.warm_ns
+                c.cold = False
             self._push(c.op_end, "op", c.cid)
             return []
         if c.lease is not None:
             return self._release(c, again=True)
         c.waiting_since = self.now
-        return self.sched.acquire(c.inst.name, c.cid, self.now)
+        return self._to_daemon(c, "acquire", ())
 
     def run(self, duration_ns: int, warmup_ns: int = 0) -> SimResult:
         """Run until virtual time ``duration_ns``; a later call goes on from there."""
@@ -228,9 +288,15 @@ class Simulation:
             for c in self.clients.values():
                 self._push(0, "wake", c.cid)
         while self._heap and self._heap[0][0] <= duration_ns:
-            t, _, kind, cid = heapq.heappop(self._heap)
+            t, _, kind, cid, payload = heapq.heappop(self._heap)
             self.now = t
-            if kind == "tick":
+            if kind in ("grant", "revoke"):
+                eff: Effect = (Grant(cid, 0, payload[0], payload[1], 0) if kind == "grant"
+                               else Revoke(cid, 0, payload[0], ""))
+                self._apply(self._deliver(eff))
+            elif kind in ("acquire", "release"):
+                self._apply(self._at_daemon(self.clients[cid], kind, payload))
+            elif kind == "tick":
                 self._ticks.discard(t)
                 self._apply(self.sched.tick(t))
             else:

@@ -18,7 +18,8 @@ INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight,
 
 def snapshot(arb: Arbiter) -> dict[str, Any]:
     """A JSON-able document of every setting and instance record."""
-    gpus = {str(idx): {k: getattr(sched.settings, k) for k in GPU} for idx, sched in sorted(arb.scheds.items())}
+    gpus = {str(idx): {k: s.external(getattr(sched.settings, k)) for k, s in GPU.items()}
+            for idx, sched in sorted(arb.scheds.items())}
     instances = []
     for (gpu, name), rec in sorted(arb.records.items()):
         st = arb.scheds[gpu].instances[name]
@@ -50,9 +51,9 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
                 warnings.append(f"state: GPU {gpu} is not on this host; its settings are skipped")
                 continue
             sched = arb.scheds[gpu]
-            for k in GPU:
+            for k, spec in GPU.items():
                 if k in vals:
-                    sched.set(k, vals[k], now)
+                    sched.set(k, spec.check(vals[k]), now)
         for item in list(doc.get("instances", [])):
             gpu, name = int(item["gpu"]), valid_instance_id(str(item["id"]))
             if gpu not in arb.scheds:

@@ -178,7 +178,7 @@ class ClientConnection(asyncio.Protocol):
     def release(self, msg: p.Release) -> None:
         hub = self.hub
         effects, _ = hub.arbiter.release(self.cid, msg.gpu, msg.lease, time.monotonic_ns(), again=msg.again,
-                                         used_ns=msg.used_ns)
+                                         used_ns=msg.used_ns, warmup_ns=msg.warmup_ns)
         if msg.id is not None:
             self.send(p.Ok(msg.id))
         hub.apply(effects)

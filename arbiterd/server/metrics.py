@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from arbiterd.core.accounting import BUCKETS
 from arbiterd.core.settings import GPU, INSTANCE
 from arbiterd.server.hub import Hub
 from arbiterd.server.status import DaemonStatus
@@ -35,7 +36,13 @@ class ArbiterCollector(Collector):
         revokes = CounterMetricFamily("cgpu_revocations", "Leases revoked", labels=g_)
         overruns = CounterMetricFamily("cgpu_overruns", "Leases cut off after overrunning their deadline "
                                        "by more than overrun_ms", labels=g_)
+        slice_s = GaugeMetricFamily("cgpu_gpu_slice_seconds", "The slice in force (slice_ms, or what auto chose)",
+                                    labels=g_)
+        handover = HistogramMetricFamily("cgpu_gpu_handover_seconds", "What each hand-over cost: the part of a "
+                                         "lease nobody could use (transit, wake-up, warm-up)", labels=g_)
         held = CounterMetricFamily("cgpu_instance_held_seconds", "Time the instance held the GPU", labels=gi)
+        useful = CounterMetricFamily("cgpu_instance_useful_seconds", "Time the instance held the GPU, less the "
+                                     "hand-overs it was not billed for", labels=gi)
         inst = {name: GaugeMetricFamily(f"cgpu_instance_{name}", f"Instance setting {name}: {INSTANCE[name].help}",
                                         labels=gi) for name in INSTANCE_GAUGES}
         used = GaugeMetricFamily("cgpu_instance_memory_used_bytes", "Reserved device memory", labels=gi)
@@ -47,18 +54,26 @@ class ArbiterCollector(Collector):
                 family.add_metric(lg, float(g.settings[name]))
             free_w.add_metric(lg, g.free_weight)
             total.add_metric(lg, g.total_mem)
+            slice_s.add_metric(lg, g.slice_effective_ms / 1e3)
+            meter = self.hub.arbiter.scheds[g.index].handover
+            acc, buckets = 0, []
+            for bound, n in zip(BUCKETS, meter.buckets, strict=True):
+                acc += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+            handover.add_metric(lg, buckets, meter.sum_ns / 1e9)
             grants.add_metric(lg, g.grants)
             revokes.add_metric(lg, g.revocations)
             overruns.add_metric(lg, g.overruns)
             for i in g.instances:
                 li = [str(g.index), i.id]
                 held.add_metric(li, i.held_seconds)
+                useful.add_metric(li, i.useful_seconds)
                 inst["weight"].add_metric(li, i.weight)
                 inst["highprio"].add_metric(li, i.highprio)
                 used.add_metric(li, i.mem_used)
                 limit.add_metric(li, i.mem_limit)
-        yield from (busy, *settings.values(), free_w, total, grants, revokes, overruns, held, *inst.values(),
-                    used, limit)
+        yield from (busy, *settings.values(), slice_s, handover, free_w, total, grants, revokes, overruns, held,
+                    useful, *inst.values(), used, limit)
         c = self.hub.counters
         yield HistogramMetricFamily(
             "cgpu_grant_latency_seconds", "Time from acquire to grant",

@@ -62,6 +62,7 @@ class InstanceStatus:
     highprio: int
     starved: bool
     held_seconds: float
+    useful_seconds: float  # held less the hand-overs it was not billed for
     share_pct: dict[str, float | None]
     grants: int
     mem_used: int
@@ -82,6 +83,8 @@ class GpuStatus:
     mem_used: int
     policy_name: str
     settings: dict[str, int | str]  # every GPU setting, by name (the settings table)
+    slice_effective_ms: float  # the slice in force (what slice_ms = auto chose, or the pinned value)
+    handover_ms: float  # the median hand-over of the last leases
     free_weight: int
     busy_seconds: float
     busy_pct: dict[str, float | None]
@@ -129,8 +132,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
         gs = GpuStatus(
             g.index, g.name, g.uuid, g.simulated, g.total_mem, sum(r.ledger.used for r in records),
             POLICY_NAMES[sched.settings.policy],
-            {name: s.format(getattr(sched.settings, name)) if s.kind == "auto" else getattr(sched.settings, name)
-             for name, s in GPU.items()},
+            {name: s.external(getattr(sched.settings, name)) for name, s in GPU.items()},
+            sched.slice_ns / 1e6, sched.handover.median / 1e6,
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
             sched.stats.overruns,
         )
@@ -141,7 +144,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                      for k, p in windows.items()}
             pids = sorted({arb.clients[c].pid for c in rec.clients if c in arb.clients})
             gs.instances.append(InstanceStatus(
-                rec.name, st.weight, int(st.highprio), st.weight == 0, held / 1e9, share, st.grants,
+                rec.name, st.weight, int(st.highprio), st.weight == 0, held / 1e9,
+                sched.useful_ns(rec.name, now) / 1e9, share, st.grants,
                 rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
                 sched.has_demand(rec.name),
             ))

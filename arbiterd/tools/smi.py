@@ -20,6 +20,12 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _slice(g: dict[str, Any]) -> str:
+    """``auto 65ms`` or the pinned ``5ms``."""
+    eff = f"{g['slice_effective_ms']:g}ms"
+    return f"auto {eff}" if g["slice_ms"] == "auto" else eff
+
+
 def render(doc: dict[str, Any]) -> str:
     out = []
     problem = doc.get("state_problem")
@@ -29,14 +35,15 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"WARNING: {problem}")
     out.append("")
     gpu_hdr = f"{'GPU':<4}{'Name':<22}{'Memory used / total':<26}{'Policy':<15}{'max_inst':>9}" \
-              f"{'free_weight':>13}{'Busy% 1s':>10}{'60s':>7}"
+              f"{'free_weight':>13}{'Slice':>12}{'Handover':>10}{'Busy% 1s':>10}{'60s':>7}"
     out.append(gpu_hdr)
     out.append("-" * len(gpu_hdr))
     for g in doc["gpus"]:
         name = g["name"] + (" (sim)" if g["simulated"] and "Sim" not in g["name"] else "")
         mem = f"{format_size(g['mem_used'])} / {format_size(g['total_mem'])}"
         out.append(f"{g['index']:<4}{name[:21]:<22}{mem:<26}{str(g['policy']) + ' ' + g['policy_name']:<15}"
-                   f"{g['max_inst']:>9}{g['free_weight']:>13}{_pct(g['busy_pct']['1s']):>10}"
+                   f"{g['max_inst']:>9}{g['free_weight']:>13}{_slice(g):>12}{g['handover_ms']:>8.2f}ms"
+                   f"{_pct(g['busy_pct']['1s']):>10}"
                    f"{_pct(g['busy_pct']['60s']):>7}")
     out.append("")
     inst_hdr = f"{'GPU':<4}{'Instance':<16}{'Weight':>7}{'HighPrio':>9}{'Share% 1s':>11}{'60s':>7}" \

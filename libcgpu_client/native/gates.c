@@ -44,9 +44,10 @@ static void give_back(cgpu_gate *g, int again) {
     if (!lease)
         return;
     int64_t used = cgpu_now() - g->granted_at;
+    int64_t wake = g->first_use ? g->first_use - g->granted_at : 0; /* what the hand-over cost this client */
     g->waiting = again;
     if (cgpu_conn_connected())
-        cgpu_send_release(g->pos, lease, used, again);
+        cgpu_send_release(g->pos, lease, used, wake, again);
 }
 
 /* End the lease now: nothing new starts, what started finishes, the queued work is waited for. */
@@ -62,6 +63,8 @@ int cgpu_gate_slow(cgpu_gate *g) {
     pthread_mutex_lock(&g->mu);
     for (;;) {
         if (cgpu_gate_enter(g)) {
+            if (!g->first_use)
+                g->first_use = cgpu_now();
             pthread_mutex_unlock(&g->mu);
             return 1;
         }
@@ -99,6 +102,7 @@ static void on_grant(int pos, uint64_t lease, int64_t deadline) {
         g->revoked = 0;
         g->waiting = 0;
         g->granted_at = cgpu_now();
+        g->first_use = 0;
         g->ctx = NULL;
         atomic_store(&g->last_use, g->granted_at);
         atomic_store(&g->deadline, deadline);

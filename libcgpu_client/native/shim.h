@@ -51,7 +51,8 @@ CGPU_HIDDEN int cgpu_conn_connected(void);
 CGPU_HIDDEN int cgpu_conn_wait(int wait_ms); /* until registered: forever (< 0) or wait_ms; 1 if so */
 CGPU_HIDDEN int64_t cgpu_conn_limit(int pos); /* the limit learned at registration; 0 if never */
 CGPU_HIDDEN void cgpu_send_acquire(int pos);
-CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int again);
+/* used: grant received to release sent; warmup: grant received to the first launch (0: leave it off) */
+CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int again);
 CGPU_HIDDEN void cgpu_send_mem_free(int pos, int64_t bytes);
 /* mem_reserve (bytes > 0) or mem_query (bytes < 0): 0 answered, -1 not connected, -2 lost on the way */
 CGPU_HIDDEN int cgpu_rpc_mem(int pos, int64_t bytes, int *ok, int64_t *used, int64_t *limit);
@@ -69,6 +70,7 @@ typedef struct {
     pthread_cond_t cv;
     uint64_t lease;           /* 0 = none */
     int64_t granted_at;
+    int64_t first_use;        /* the first launch the lease let through; 0 before it */
     int waiting;              /* an acquire (or release with again) is outstanding */
     int revoked;
     CUcontext ctx;            /* the context that took the lease, synchronised at its end */

@@ -191,14 +191,17 @@ class Acquire(Message):
 
 @message("release", C2S, reply="ok")
 class Release(Message):
-    """Give ``lease`` back after holding it ``used_ns``; with ``again`` the client still has work and
-    keeps its place in the round. Answered ``ok`` only when it has an ``id``."""
+    """Give ``lease`` back after holding it ``used_ns`` (grant received to release sent); with ``again``
+    the client still has work and keeps its place in the round. ``warmup_ns`` is what the client lost at
+    the lease's start: from the grant's arrival to its first use, and its first operations' slowness.
+    Answered ``ok`` only when it has an ``id``."""
 
     gpu: int
     lease: int
     used_ns: int
     again: bool = False
     id: int | None = None
+    warmup_ns: int | None = None
 
 
 @message("mem_reserve", C2S, reply="ok|denied")

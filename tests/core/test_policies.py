@@ -215,9 +215,9 @@ def test_switch_from_native_waits_for_every_holder() -> None:
     assert [e.client for e in effects] == [3]
 
 
-def test_handoff_transit_is_charged_to_nobody_and_capped_at_the_median() -> None:
-    """Honest clients report 0.2 ms of transit per lease; a liar claiming 4 ms gets the median."""
-    sched = GpuScheduler(0, GpuSettings(policy=1))
+def test_handoff_transit_is_charged_to_nobody_and_a_liar_gains_at_most_three_medians() -> None:
+    """Honest clients report 0.2 ms of transit per lease; a liar claiming 4 ms is discounted 3 x 0.2 ms."""
+    sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5))
     sched.add_instance("A", 1, False, 0)
     sched.add_instance("L", 1, False, 0)
     now = 0
@@ -225,14 +225,17 @@ def test_handoff_transit_is_charged_to_nobody_and_capped_at_the_median() -> None
         (g,) = sched.acquire("A", 1, now)
         now += 5_200_000
         sched.release(1, g.lease, now, used_ns=5_000_000)
-    a_before = sched.instances["A"].held_ns
+    a = sched.instances["A"]
+    held_before, useful_before = a.held_ns, a.useful_ns
     (g,) = sched.acquire("A", 1, now)
     sched.release(1, g.lease, now + 5_200_000, used_ns=5_000_000)
-    assert sched.instances["A"].held_ns - a_before == 5_000_000  # the 0.2 ms transit is not charged
+    assert a.useful_ns - useful_before == 5_000_000  # the 0.2 ms transit is not billed ...
+    assert a.held_ns - held_before == 5_200_000  # ... though it was held
     now += 5_200_000
     (g,) = sched.acquire("L", 2, now)
     sched.release(2, g.lease, now + 5_200_000, used_ns=1_200_000)  # claims 4 ms of transit
-    assert sched.instances["L"].held_ns == 5_000_000  # discounted by the median only
+    assert sched.handover.median == 200_000
+    assert sched.instances["L"].useful_ns == 5_200_000 - 3 * 200_000
 
 
 def test_policy_switch_restarts_fairness() -> None:

@@ -32,12 +32,14 @@ def spin(d: DaemonProc, name: str, seconds: float, weight: int = 1) -> subproces
 RW_CASES = [
     ("0/policy", "4"), ("0/max_inst", "20"), ("0/prio_ratio", "70"), ("0/c1/weight", "3"),
     ("0/c1/highprio", "1"), ("0/c1/memsize", str(2 * GIB)), ("default_memsize", str(GIB)), ("upgrade", "1"),
-    ("0/slice_ms", "8"), ("0/overrun_ms", "900"),
+    ("0/slice_ms", "8"), ("0/slice_ms", "auto"), ("0/overrun_ms", "900"), ("0/slice_max_ms", "60"),
+    ("0/slice_min_ms", "10"), ("0/handover_target_pct", "5"),
 ]
 BAD_CASES = [
     ("0/policy", "6"), ("0/policy", "garbage"), ("0/max_inst", "0"), ("0/max_inst", "30"), ("0/max_inst", "1"),
     ("0/prio_ratio", "10"), ("0/c1/weight", "21"), ("0/c1/weight", "20"), ("0/c1/highprio", "5"),
     ("0/c1/memsize", "-1"), ("default_memsize", "big"), ("upgrade", "7"), ("0/slice_ms", "0"),
+    ("0/slice_ms", "automatic"), ("0/slice_min_ms", "101"), ("0/handover_target_pct", "0"),
 ]
 RO_CASES = ["version", "0/free_weight", "0/major", "0/c1/id", "0/c1/meminfo"]
 

@@ -71,7 +71,8 @@ async def test_a_state_that_cannot_be_saved_is_507_and_changes_nothing(client: T
 async def test_status_and_metrics(client: TestClient) -> None:  # type: ignore[type-arg]
     doc = await (await client.get("/v1/status")).json()
     assert doc["schema"] == 1 and [g["index"] for g in doc["gpus"]] == [0, 1]
-    assert doc["gpus"][0]["policy"] == 1 and doc["gpus"][0]["slice_ms"] == 5
+    g = doc["gpus"][0]
+    assert g["policy"] == 1 and g["slice_ms"] == "auto" and g["slice_effective_ms"] == 5.0
     text = await (await client.get("/metrics")).text()
     assert 'cgpu_gpu_policy{gpu="0"} 1.0' in text
 

@@ -9,13 +9,15 @@ import pytest
 from arbiterd.core import tree
 from arbiterd.core.arbiter import Arbiter, GpuInfo
 from arbiterd.core.errors import SettingError
+from arbiterd.core.settings import AUTO
 from arbiterd.main import build_parser, overrides
 from arbiterd.server import config
 
 
 def test_defaults_come_from_the_settings_table() -> None:
     cfg = config.Config()
-    assert (cfg.gpu.policy, cfg.gpu.max_inst, cfg.gpu.prio_ratio, cfg.gpu.slice_ms) == (1, 16, 50, 5)
+    assert (cfg.gpu.policy, cfg.gpu.max_inst, cfg.gpu.prio_ratio, cfg.gpu.slice_ms) == (1, 16, 50, AUTO)
+    assert (cfg.gpu.slice_min_ms, cfg.gpu.slice_max_ms, cfg.gpu.handover_target_pct) == (5, 100, 2)
 
 
 def test_a_file_sets_options_and_per_gpu_settings(tmp_path: Path) -> None:
@@ -24,6 +26,15 @@ def test_a_file_sets_options_and_per_gpu_settings(tmp_path: Path) -> None:
     cfg = config.load(str(path), {})
     assert (cfg.gpu.policy, cfg.gpu.max_inst, cfg.linger_s, cfg.identity) == (2, 10, 5, "declared")
     assert cfg.source == str(path)
+
+
+def test_slice_ms_is_auto_or_a_number(tmp_path: Path) -> None:
+    path = tmp_path / "a.toml"
+    path.write_text('slice_ms = "auto"\n')
+    assert config.load(str(path), {}).gpu.slice_ms == AUTO
+    assert config.load(None, {"slice_ms": "12"}).gpu.slice_ms == 12
+    _, errs = config.from_mapping({"slice_min_ms": 50, "slice_max_ms": 20})
+    assert errs == ["slice_min_ms: 50 is above slice_max_ms 20"]
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
@@ -36,7 +47,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("key", "value", "tree_path"), [
     ("policy", 9, "0/policy"), ("max_inst", 0, "0/max_inst"), ("prio_ratio", 100, "0/prio_ratio"),
-    ("slice_ms", "abc", "0/slice_ms"),
+    ("slice_ms", "abc", "0/slice_ms"), ("slice_ms", 0, "0/slice_ms"), ("handover_target_pct", 90, "0/handover_target_pct"),
 ])
 def test_a_bad_setting_gets_the_same_message_as_in_the_tree(key: str, value: object, tree_path: str) -> None:
     _, errs = config.from_mapping({key: value})

@@ -21,8 +21,11 @@ def registry(hub: Hub) -> CollectorRegistry:
 def test_a_gauge_per_gpu_setting_and_instance_values(hub: Hub) -> None:
     hub.arbiter.provision("a", [1], InstanceSettings(weight=3, memsize=2**30), 0)
     reg = registry(hub)
-    for name in GPU:
-        assert reg.get_sample_value(f"cgpu_gpu_{name}", {"gpu": "0"}) is not None, name
+    for name, s in GPU.items():
+        if s.kind != "auto":  # slice_ms may be auto: the slice in force is cgpu_gpu_slice_seconds
+            assert reg.get_sample_value(f"cgpu_gpu_{name}", {"gpu": "0"}) is not None, name
+    assert reg.get_sample_value("cgpu_gpu_slice_seconds", {"gpu": "0"}) == 0.005
+    assert reg.get_sample_value("cgpu_gpu_handover_seconds_count", {"gpu": "0"}) == 0
     assert reg.get_sample_value("cgpu_gpu_policy", {"gpu": "1"}) == 2  # a weight above 1 made it weighted
     labels = {"gpu": "1", "instance": "a"}
     assert reg.get_sample_value("cgpu_instance_weight", labels) == 3

@@ -70,7 +70,7 @@ class Policy:
     def charge(self, lease: Lease, bill: Bill) -> int:
         """The time ``lease`` is billed (virtual time); overrun becomes debt for the next turn."""
         self.gpu.add_debt(lease.inst, bill.overrun)
-        return max(0, bill.held - bill.overrun - lease.prepaid_ns)
+        return max(0, bill.billed - bill.overrun - lease.prepaid_ns)
 
     def after_charge(self, inst: InstanceState | None) -> None:
         """A lease of ``inst`` has been charged (keeps the virtual-time floor)."""

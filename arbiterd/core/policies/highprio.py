@@ -62,9 +62,10 @@ class HighPriority:
         self.credit = min(self.credit - 100 * held, self.cap())
 
     def charge(self, lease: Lease, bill: Bill) -> int:
-        """A high-priority lease spends its credit and is billed all it held."""
+        """A high-priority lease spends its credit on the time it held the GPU, hand-over included:
+        ``prio_ratio`` caps what it takes from the others. Its virtual time is billed its useful time."""
         self.spend(bill.held)
-        return max(0, bill.held - lease.prepaid_ns)
+        return max(0, bill.billed - lease.prepaid_ns)
 
     def shares(self, active: Collection[str], conserving: bool, normal_active: bool) -> tuple[dict[str, float], float]:
         """What high-priority instances with demand are owed, and what that leaves to the others.
@@ -92,7 +93,8 @@ class HighPriority:
             return None
         r = self.gpu.settings.prio_ratio
         length = min(self.credit // (100 - r), hp.weight * self.gpu.slice_ns)
-        return self.gpu.grant(hp, now, now + max(length, 1), self, highprio=True)
+        ext = self.gpu.extension_ns
+        return self.gpu.grant(hp, now, now + max(length, 1) + ext, self, highprio=True, extension=ext)
 
     def wakeup(self, lease: Lease | None) -> int | None:
         """When a waiting high-priority instance will have credit for a slice."""

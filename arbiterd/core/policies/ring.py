@@ -34,22 +34,26 @@ class Ring(Policy):
 
     def rebuild(self, now: int) -> None:
         gpu = self.gpu
-        old_owner = self.segments[self.idx][0] if self.segments else None
+        current = self.segments[self.idx][0] if self.segments else None
         segs: list[tuple[InstanceState | None, int]] = []
         used = 0
+        ext = gpu.extension_ns  # an owned segment holds its slots' useful time, plus its hand-over
         for inst in sorted(gpu.normal_members(), key=lambda i: i.order):
             n = self.slots(inst)
             if used + n > gpu.settings.max_inst:
                 break
-            segs.append((inst, n * gpu.slice_ns))
+            segs.append((inst, n * gpu.slice_ns + ext))
             used += n
-        if used < gpu.settings.max_inst:
-            segs.append((None, (gpu.settings.max_inst - used) * gpu.slice_ns))
+        idle = (gpu.settings.max_inst - used) * gpu.slice_ns - ext * len(segs)
+        if idle > 0:
+            segs.append((None, idle))
+        had_segments = bool(self.segments)
         self.segments = segs
         self.dirty = False
         owners = [s[0] for s in segs]
-        if old_owner is not None and old_owner in owners and self.seg_end > now:
-            self.idx = owners.index(old_owner)
+        # the ring goes on from the segment under way (new lengths apply from the next one), if it still exists
+        if had_segments and current in owners:
+            self.idx = owners.index(current)
         else:
             self.start(0, now)
 
@@ -72,7 +76,7 @@ class Ring(Policy):
         gpu = self.gpu
         if self.dirty:
             self.rebuild(now)
-        round_ns = gpu.settings.max_inst * gpu.slice_ns
+        round_ns = sum(length for _, length in self.segments)
         if now - self.seg_end > 2 * round_ns:  # skip whole idle rounds at once
             rounds = (now - self.seg_end) // round_ns - 1
             self.seg_end += rounds * round_ns
@@ -83,7 +87,8 @@ class Ring(Policy):
             self.start((self.idx + 1) % len(self.segments), self.seg_end)
         owner = self.segments[self.idx][0]
         if owner is not None and owner.waiters:
-            return gpu.grant(owner, now, self.seg_end, self, ring=True)
+            ext = min(gpu.extension_ns, self.seg_end - now)
+            return gpu.grant(owner, now, self.seg_end, self, ring=True, extension=ext)
         return []
 
     def wakeup(self) -> int | None:
@@ -99,7 +104,7 @@ class Ring(Policy):
         self.gpu.add_debt(lease.inst, bill.overrun)
         if bill.end >= lease.deadline_ns and self.segments and not self.dirty and not self.retired:
             self.start((self.idx + 1) % len(self.segments), bill.end)
-        return max(0, bill.held - lease.prepaid_ns)
+        return max(0, bill.billed - lease.prepaid_ns)
 
 
 class Fixed(Ring):

@@ -38,8 +38,9 @@ class VirtualTime(Policy):
         active = [i.vruntime for i in gpu.instances.values() if i is not inst and i.weight > 0 and i.waiters]
         for lease in gpu.holders():
             if lease.inst is not inst and lease.inst.weight > 0:
-                # up to the deadline only: time past it is debt, charged at the holder's next turn
-                running = max(0, min(now, lease.deadline_ns) - lease.granted_ns - lease.prepaid_ns)
+                # up to the turn's end only: time past it is debt, charged at the holder's next turn
+                useful_end = lease.deadline_ns - lease.extension_ns
+                running = max(0, min(now, useful_end) - lease.granted_ns - lease.prepaid_ns)
                 active.append(lease.inst.vruntime + running * VR_SCALE // self.vtime_weight(lease.inst))
         inst.vruntime = max([inst.vruntime, gpu.min_vr, *active])
 
@@ -94,12 +95,14 @@ class VirtualTime(Policy):
                 return inst, length
 
     def grant_turn(self, inst: InstanceState, now: int, length: int) -> list[Effect]:
-        """Grant a turn; extend it while nobody else wants the GPU (no renewals when alone)."""
+        """Grant a turn of ``length`` useful ns, lengthened by the expected hand-over; extend it while
+        nobody else wants the GPU (no renewals when alone)."""
+        ext = self.gpu.extension_ns
         if self.contended(inst) or inst.highprio:
-            return self.gpu.grant(inst, now, now + length, self)
-        effects = self.gpu.grant(inst, now, now + max(length, EXTENDED_NS), self)
+            return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
+        effects = self.gpu.grant(inst, now, now + max(length + ext, EXTENDED_NS), self, extension=ext)
         assert self.gpu.lease is not None
-        self.gpu.lease.nominal_ns = now + length
+        self.gpu.lease.nominal_ns = now + length + ext
         return effects
 
     def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
@@ -171,10 +174,10 @@ class Weighted(VirtualTime):
 
     def charge(self, lease: Lease, bill: Bill) -> int:
         """An early release keeps the turn: the rest passes idle unless the owner comes back."""
-        early = lease.granted_ns + bill.held < lease.deadline_ns
+        early = bill.end < lease.deadline_ns
         if not self.retired and lease.nominal_ns is None and early and not self.gpu.native:
             self.turn = (lease.inst, lease.deadline_ns)
-            return max(0, lease.deadline_ns - lease.granted_ns - lease.prepaid_ns)
+            return max(0, lease.deadline_ns - lease.extension_ns - lease.granted_ns - lease.prepaid_ns)
         return super().charge(lease, bill)
 
     def wakeup(self) -> int | None:
