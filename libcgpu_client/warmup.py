@@ -2,13 +2,16 @@
 
 Two parts: the *wake-up*, from the grant's arrival to the first use of the lease
 (a thread woken, a process scheduled), and the *warm-up*: a process that gets
-the device back runs its first operations slower (cold caches, threads asleep)
-for up to tens of milliseconds. The warm-up is estimated where operations run
-synchronously (the CPU as simulated GPU): the first :data:`SETTLE_NS` of a lease
-are compared with the same process's *settled* pace, uses per ns measured after
-that point in earlier leases (the median of the last few). Uses are whatever the
-gate counts, so only the ratio matters. Where operations are asynchronous (CUDA)
-only the wake-up is reported.
+the device back runs slower for a while (cold caches, threads asleep, and on a
+virtual machine cores that slept: tens of ms there). Where operations run
+synchronously (the CPU as simulated GPU) the warm-up is the lease's shortfall
+against the process's settled pace: time used, less uses times that pace. The
+pace is sampled in 20 ms chunks of each lease after its first
+:data:`SETTLE_NS`, and the settled pace is the median of the last 64 chunks, so
+the estimate is unbiased: it can come out below zero, where a lease ran faster
+than usual. Uses are whatever the gate counts, so only the ratio matters. Where
+operations are asynchronous (CUDA) only the wake-up is reported. The daemon
+bounds what a report can change in a bill (arbiterd.core.accounting).
 """
 
 from __future__ import annotations
@@ -16,49 +19,65 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-SETTLE_NS = 20_000_000  # a lease's first 20 ms may run slow; after that its pace is the settled one
-MIN_USES = 8  # a settled stretch with fewer uses says too little about the pace
+SETTLE_NS = 50_000_000  # a lease's first 50 ms may run slow: its pace is measured after them ...
+CHUNK_NS = 20_000_000  # ... in chunks of 20 ms, each one a sample
+MIN_USES = 4  # a chunk with fewer uses says too little about the pace
+PACES = 64
 NEVER = 2**63 - 1
 
 
 class WarmupMeter:
-    """Per lease: when it was first used, when its pace settled; across leases: the settled pace."""
+    """Per lease: when it was first used and how far it got; across leases: the best pace."""
 
     def __init__(self, estimate_warmup: bool = True) -> None:
         self.estimate_warmup = estimate_warmup
-        self.paces: deque[float] = deque(maxlen=15)  # ns per use, in settled stretches
-        self.granted_at = self.settled = 0
+        self.paces: deque[float] = deque(maxlen=PACES)  # ns per use, in chunks after a lease's first 20 ms
+        self.granted_at = 0
         self.first = -1  # not used yet
-        self.first_uses = self.settled_uses = 0
+        self.first_uses = 0
+        self.mark_at, self.mark_uses, self.chunks = 0, 0, 0  # the last mark, and how many marks since first
 
     def begin(self, granted_at: int) -> None:
         """A lease arrived at ``granted_at``."""
-        self.granted_at, self.first, self.settled = granted_at, -1, 0
+        self.granted_at, self.first, self.chunks = granted_at, -1, 0
 
     def mark(self, now: int, uses: int) -> int:
         """The lease is used at ``now`` (``uses`` counted so far); returns when the next mark is due."""
         if self.first < 0:
             self.first, self.first_uses = now, uses
-            return now + SETTLE_NS
-        self.settled, self.settled_uses = now, uses
-        return NEVER
+        elif self.chunks:  # a chunk after the first stretch: a sample of the pace
+            self._sample(now, uses)
+        if self.first != now:
+            self.chunks += 1
+        self.mark_at, self.mark_uses = now, uses
+        return now + (SETTLE_NS if self.first == now else CHUNK_NS)
+
+    def _sample(self, now: int, uses: int) -> None:
+        if uses - self.mark_uses >= MIN_USES:
+            self.paces.append((now - self.mark_at) / (uses - self.mark_uses))
+
+    def pace(self) -> float | None:
+        """The process's settled pace (ns per use): the median of the last chunks."""
+        if not self.paces:
+            return None
+        return statistics.median(self.paces)
 
     def lost(self, now: int, uses: int, at_use: bool) -> int:
-        """What the lease lost at its start, as it ends at ``now``; ``at_use``: at a use (work went on to its
-        end), so its last stretch is a measure of pace."""
+        """What the lease lost (ns; below 0 where it ran faster than usual), as it ends at ``now``;
+        ``at_use``: at a use (work went on to its end)."""
         if self.first < 0:
             return 0
         wake = max(0, self.first - self.granted_at)
-        if self.settled and at_use and uses - self.settled_uses >= MIN_USES:
-            self.paces.append((now - self.settled) / (uses - self.settled_uses))
-        if not self.estimate_warmup or not self.paces:
+        if at_use and self.chunks:
+            self._sample(now, uses)
+        pace = self.pace()
+        if not self.estimate_warmup or pace is None:
             return wake
-        if self.settled:
-            end, n = self.settled, self.settled_uses - self.first_uses
-        elif at_use:
+        if at_use:
             end, n = now, uses - self.first_uses
+        elif self.chunks:
+            end, n = self.mark_at, self.mark_uses - self.first_uses  # it ended idle: up to its last mark
         else:
             return wake  # it ended idle within its first stretch: nothing to compare
         span = end - self.first
-        slow = span - n * statistics.median(self.paces)
-        return wake + int(min(max(0.0, slow), span))
+        return wake + int(min(max(-span, span - n * pace), span))

@@ -3,12 +3,14 @@
 A lease's *overhead* is the part of it nobody could use: the grant's and the
 release's transit (what the daemon held minus what the client saw, ``used_ns``),
 plus what the client reports as lost at the start (``warmup_ns``: from the
-grant's arrival to its first gated use, and the extra time its first operations
-took). Each lease is billed its held time less its own overhead, capped at
-:data:`CAP_FACTOR` times the GPU's median so that a client that over-reports
-gains little. The median is also the *expected* overhead, which lengthens each
-turn so that it holds its nominal useful time, and it sizes ``slice_ms = auto``:
-the shortest slice whose hand-over stays at or under ``handover_target_pct`` %.
+grant's arrival to its first gated use, and the slowness of its first
+operations; an unbiased estimate, so it may be below zero). Each lease is
+billed its held time less its own overhead, kept within the GPU's median plus or
+minus three interquartile ranges, so that a client that misreports gains little.
+The mean of the recent overheads, each kept so, is the *expected* overhead: it
+lengthens each turn so that it holds its nominal useful time, and it sizes
+``slice_ms = auto``: the shortest slice whose hand-over stays at or under
+``handover_target_pct`` %.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from arbiterd.core.effects import NS_PER_MS
 
 SAMPLES = 63
 SAMPLE_MAX_NS = 100 * NS_PER_MS  # a longer gap is a stall, not a hand-over
-CAP_FACTOR = 3
+SPREAD = 3  # a lease's overhead counts within the median plus or minus this many interquartile ranges
+FLOOR_NS = 100_000  # ... and this much, so that identical samples do not pin every bill to one value
 REFRESH = 8  # the median moves slowly: it is recomputed every REFRESH samples
 BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, float("inf"))
 
@@ -32,28 +35,34 @@ class HandoverMeter:
         self.samples: deque[int] = deque(maxlen=SAMPLES)
         self.count = 0
         self.median = 0
+        self.expected = 0  # the mean of the recent overheads, each kept within [lo, hi]
+        self.lo = self.hi = 0  # the bounds a lease's overhead is kept within
         self.buckets = [0] * len(BUCKETS)
         self.sum_ns = 0
 
     def observe(self, overhead_ns: int) -> bool:
         """Record one lease's overhead; True when the median was recomputed."""
-        if not 0 <= overhead_ns <= SAMPLE_MAX_NS:
+        if not -SAMPLE_MAX_NS <= overhead_ns <= SAMPLE_MAX_NS:
             return False
         self.samples.append(overhead_ns)
         self.count += 1
-        self.sum_ns += overhead_ns
-        self.buckets[bisect.bisect_left(BUCKETS, overhead_ns / 1e9)] += 1
+        self.sum_ns += max(0, overhead_ns)
+        self.buckets[bisect.bisect_left(BUCKETS, max(0, overhead_ns) / 1e9)] += 1
         if self.count % REFRESH != 1:
             return False
         ordered = sorted(self.samples)
-        self.median = ordered[len(ordered) // 2]
+        n = len(ordered)
+        self.median = ordered[n // 2]
+        spread = SPREAD * (ordered[3 * n // 4] - ordered[n // 4]) + FLOOR_NS
+        self.lo, self.hi = self.median - spread, self.median + spread
+        self.expected = max(0, sum(self.discount(x) for x in ordered) // n)
         return True
 
     def discount(self, overhead_ns: int) -> int:
-        """The part of a lease with this overhead that is billed to nobody."""
-        return max(0, min(overhead_ns, CAP_FACTOR * self.median))
+        """The part of a lease with this overhead that is billed to nobody (below 0: billed more)."""
+        return max(self.lo, min(overhead_ns, self.hi))
 
     def auto_slice_ns(self, target_pct: int, lo_ms: int, hi_ms: int) -> int:
         """The shortest whole-ms slice whose hand-over costs at most ``target_pct`` % of it, in bounds."""
-        want = -(-self.median * 100 // (target_pct * NS_PER_MS))  # ceil, in ms
+        want = -(-self.expected * 100 // (target_pct * NS_PER_MS))  # ceil, in ms
         return max(lo_ms, min(hi_ms, want)) * NS_PER_MS

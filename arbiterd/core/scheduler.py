@@ -154,17 +154,17 @@ class GpuScheduler(GpuState):
     def _refresh_slice(self, now: int) -> None:
         """Put the slice and the turn extension in force again (a setting or the measured hand-over changed).
 
-        The extension follows the median hand-over once it has moved by 5 % (rings are rebuilt
+        The extension follows the expected hand-over once it has moved by 5 % (rings are rebuilt
         for it, so it does not follow every sample).
         """
         slice_ns = self.pick_slice_ns()
-        median = self.handover.median
-        moved = abs(median - self.extension_ns) * 20 > self.extension_ns
+        expected = self.handover.expected
+        moved = abs(expected - self.extension_ns) * 20 > self.extension_ns
         if slice_ns == self.slice_ns and not moved:
             return
         self.slice_ns = slice_ns
         if moved:
-            self.extension_ns = median
+            self.extension_ns = expected
         self.hp.clamp()
         self.policy.changed(now)
 
@@ -359,7 +359,7 @@ class GpuScheduler(GpuState):
 
     def _measure(self, lease: Lease, now: int, used_ns: int, warmup_ns: int) -> None:
         """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the median."""
-        overhead = max(0, now - lease.granted_ns - used_ns) + max(0, warmup_ns)
+        overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
         if self.handover.observe(overhead):
             self._refresh_slice(now)
         lease.discount_ns = min(self.handover.discount(overhead), now - lease.granted_ns)

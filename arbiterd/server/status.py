@@ -84,7 +84,7 @@ class GpuStatus:
     policy_name: str
     settings: dict[str, int | str]  # every GPU setting, by name (the settings table)
     slice_effective_ms: float  # the slice in force (what slice_ms = auto chose, or the pinned value)
-    handover_ms: float  # the median hand-over of the last leases
+    handover_ms: float  # the expected hand-over: the mean of the last leases' (arbiterd.core.accounting)
     free_weight: int
     busy_seconds: float
     busy_pct: dict[str, float | None]
@@ -133,7 +133,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             g.index, g.name, g.uuid, g.simulated, g.total_mem, sum(r.ledger.used for r in records),
             POLICY_NAMES[sched.settings.policy],
             {name: s.external(getattr(sched.settings, name)) for name, s in GPU.items()},
-            sched.slice_ns / 1e6, sched.handover.median / 1e6,
+            sched.slice_ns / 1e6, sched.handover.expected / 1e6,
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
             sched.stats.overruns,
         )

@@ -67,9 +67,13 @@ def test_rings_cap_useful_time(slice_ms: int, policy: int, insts: list[SimInstan
         assert share(res, name) == pytest.approx(w, abs=0.005), name
 
 
-def test_policy2_idle_instance_keeps_its_turns_and_the_other_gets_its_third() -> None:
-    res, _ = run(2, [SimInstance("A", 1, workload=busy(0.5)), SimInstance("B", 2, workload=idle())])
-    assert share(res, "A") == pytest.approx(1 / 3, abs=0.005)
+@pytest.mark.parametrize("slice_ms", [5, 0])
+def test_policy2_idle_instance_keeps_its_turns_and_the_other_gets_its_third(slice_ms: int) -> None:
+    """A 5.7 ms hand-over on 5 ms slices: the idle turns pay for the other's lengthened turn."""
+    slow = SwitchCost(transit_ns=100_000, wake_ns=600_000, warm_ns=5_000_000)
+    res, _ = run(2, [SimInstance("A", 1, workload=busy(0.5)), SimInstance("B", 2, workload=idle())], slow,
+                 slice_ms=slice_ms)
+    assert share(res, "A") == pytest.approx(1 / 3, abs=0.003)
 
 
 def test_high_priority_takes_prio_ratio_of_gpu_time_hand_overs_included() -> None:

@@ -63,7 +63,11 @@ class RecordingProxy:
                     self.frames += [p.decode(raw, p.C2S) for raw in decoder.feed(data)]
                 except p.ProtocolError as exc:
                     self.errors.append(exc.message)
-            dst.sendall(data)
+            try:
+                dst.sendall(data)
+            except OSError:  # the other side is gone (a dropped connection)
+                _shutdown(src, dst)
+                return
 
     def drop_all(self) -> None:
         """As if the daemon went away: every connection is cut."""

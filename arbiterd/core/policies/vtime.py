@@ -161,6 +161,7 @@ class Weighted(VirtualTime):
     def __init__(self, gpu: GpuState, now: int) -> None:
         super().__init__(gpu, now)
         self.turn: tuple[InstanceState, int] | None = None  # the owner of an idle turn, and its end
+        self.owed = 0  # hand-overs granted as turn extensions since the last idle turn, paid by idle time
 
     def removed(self, inst: InstanceState) -> None:
         if self.turn is not None and self.turn[0] is inst:
@@ -203,10 +204,15 @@ class Weighted(VirtualTime):
             return []
         inst, length = self.next_turn(members)
         if inst.waiters:
+            self.owed += gpu.extension_ns
             return self.grant_turn(inst, now, length)
         inst.vruntime += length * VR_SCALE // inst.weight
         gpu.turns += 1
         inst.served = gpu.turns  # an idle turn is a turn
-        self.turn = (inst, now + length)
+        # it passes with the GPU idle, less the hand-overs the others' turns were lengthened by: they
+        # cost nobody a share, so the instances with work get exactly theirs
+        paid = min(self.owed, length)
+        self.owed -= paid
+        self.turn = (inst, now + length - paid)
         self.after_charge(None)
         return []

@@ -13,9 +13,13 @@
  *                                                  queued at once, then a stream sync
  *   nulls=N                                        ns per launch of an empty kernel
  *   sleep=MS  ready
- * Each action prints one line: its name and results. */
+ *   serve=MS,BATCH                                 on stdin commands: run (BATCH kernels of MS, a stream
+ *                                                  sync, again), pause, dump PATH (batch end times, JSON), quit
+ * Each action prints one line: its name and results. Its kernels are real PTX (cgpu_spin busy-waits on
+ * %globaltimer), so the same binary runs on a GPU; the fake driver runs them as CPU spins. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +136,32 @@ static size_t parse_size(const char *s) {
         }                                                                  \
     } while (0)
 
+/* cgpu_spin(u64 ns): one thread waits until the GPU's global timer has moved ns; cgpu_null: nothing.
+ * PTX 7.0 for sm_75 and newer, JIT-compiled by the driver for the GPU at hand (tests check it with ptxas). */
+static const char SPIN_PTX[] =
+    ".version 7.0\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry cgpu_spin(.param .u64 cgpu_spin_ns)\n"
+    "{\n"
+    "    .reg .pred %p<2>;\n"
+    "    .reg .b64 %rd<5>;\n"
+    "    ld.param.u64 %rd1, [cgpu_spin_ns];\n"
+    "    mov.u64 %rd2, %globaltimer;\n"
+    "$Lspin:\n"
+    "    mov.u64 %rd3, %globaltimer;\n"
+    "    sub.s64 %rd4, %rd3, %rd2;\n"
+    "    setp.lt.u64 %p1, %rd4, %rd1;\n"
+    "    @%p1 bra $Lspin;\n"
+    "    ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry cgpu_null()\n"
+    "{\n"
+    "    ret;\n"
+    "}\n";
+
 enum { KIND_PTR, KIND_ASYNC, KIND_HANDLE };
 static struct { unsigned long long p; int kind; } allocs[4096];
 static int nallocs;
@@ -190,6 +220,87 @@ static void spin_loop(double ms, int batch, int64_t start, int64_t end) {
            (long long)(kernels * (long long)ns), (long long)first, (long long)last);
 }
 
+/* serve: a spinner thread runs batches while told to; the main thread reads commands */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state; /* 0 paused, 1 running, 2 quit */
+    int64_t *ends;
+    size_t n, cap;
+    uint64_t ns;
+    int batch;
+    CUcontext ctx;
+} S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void *serve_spin(void *arg) {
+    (void)arg;
+    CHECK(api.cuCtxSetCurrent(S.ctx));
+    pthread_mutex_lock(&S.mu);
+    for (;;) {
+        while (S.state == 0)
+            pthread_cond_wait(&S.cv, &S.mu);
+        if (S.state == 2)
+            break;
+        pthread_mutex_unlock(&S.mu);
+        for (int k = 0; k < S.batch; k++)
+            CHECK(launch_one(spin_fn, &S.ns));
+        CHECK(api.cuStreamSynchronize(stream));
+        int64_t t = now_ns();
+        pthread_mutex_lock(&S.mu);
+        if (S.n == S.cap) {
+            S.cap = S.cap ? 2 * S.cap : 4096;
+            S.ends = realloc(S.ends, S.cap * sizeof *S.ends);
+            if (!S.ends)
+                exit(5);
+        }
+        S.ends[S.n++] = t;
+    }
+    pthread_mutex_unlock(&S.mu);
+    return NULL;
+}
+
+static void serve(double ms, int batch, CUcontext ctx) {
+    CUdeviceptr p;
+    CHECK(api.cuMemAlloc_v2(&p, 1 << 20)); /* registers with the daemon before the first command */
+    CHECK(api.cuMemFree_v2(p));
+    S.ns = (uint64_t)(ms * 1e6);
+    S.batch = batch;
+    S.ctx = ctx;
+    pthread_t t;
+    if (pthread_create(&t, NULL, serve_spin, NULL) != 0)
+        exit(5);
+    printf("ready\n");
+    char line[512];
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\n")] = 0;
+        pthread_mutex_lock(&S.mu);
+        if (strcmp(line, "run") == 0 || strcmp(line, "pause") == 0) {
+            S.state = line[0] == 'r';
+            pthread_cond_broadcast(&S.cv);
+        } else if (strncmp(line, "dump ", 5) == 0) {
+            FILE *f = fopen(line + 5, "w");
+            if (!f)
+                exit(5);
+            fprintf(f, "{\"ends\": [");
+            for (size_t k = 0; k < S.n; k++)
+                fprintf(f, "%s%lld", k ? ", " : "", (long long)S.ends[k]);
+            fprintf(f, "], \"leases\": []}\n");
+            fclose(f);
+            printf("dumped\n");
+        } else if (strcmp(line, "quit") == 0) {
+            pthread_mutex_unlock(&S.mu);
+            break;
+        }
+        pthread_mutex_unlock(&S.mu);
+    }
+    pthread_mutex_lock(&S.mu);
+    S.state = 2;
+    pthread_cond_broadcast(&S.cv);
+    pthread_mutex_unlock(&S.mu);
+    pthread_join(t, NULL);
+    free(S.ends);
+}
+
 static void nulls(long n) {
     uint64_t zero = 0;
     double best = 1e18;
@@ -224,7 +335,7 @@ int main(int argc, char **argv) {
     CHECK(api.cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(api.cuCtxSetCurrent(ctx));
     CHECK(api.cuStreamCreate(&stream, 0));
-    CHECK(api.cuModuleLoadData(&mod, "fake"));
+    CHECK(api.cuModuleLoadData(&mod, SPIN_PTX));
     CHECK(api.cuModuleGetFunction(&spin_fn, mod, "cgpu_spin"));
     CHECK(api.cuModuleGetFunction(&null_fn, mod, "cgpu_null"));
 
@@ -287,6 +398,12 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "sleep") == 0) {
             usleep((useconds_t)(atof(v) * 1000));
             printf("sleep\n");
+        } else if (strcmp(a, "serve") == 0) {
+            double ms;
+            int batch;
+            if (sscanf(v, "%lf,%d", &ms, &batch) != 2)
+                return 2;
+            serve(ms, batch, ctx);
         } else if (strcmp(a, "ready") == 0) {
             printf("ready pid=%d\n", (int)getpid());
         } else {

@@ -1,0 +1,248 @@
+"""Shares at the daemon's default settings: throughput, not held time, for every row of the policy table.
+
+    python -m bench.fidelity [--json] [--sizes 0.5,5] [--native] [--only NAME] [--no-results]
+
+A real arbiterd at its defaults (``--sim-gpus 1x16GiB --identity declared``: slice_ms auto) and tenants
+under ``cgpu-run --device cpu`` running torch operators of about 0.5 ms and 5 ms (bench/fidelity_worker.py);
+with ``--native``, C programs launching asynchronous spin kernels through libcgpu.so, on the fake CUDA
+driver here and on the real one where a GPU is. A tenant's share is its rate against its own exclusive
+rate, measured alone just before and after in the same run. bench/README.md says how. The output ends
+with ``max_share_error_pp=<n> min_aggregate_pct=<n> max_ratio_error_pct=<n> pinned5_ratio_error_pct=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from bench.common import ROOT
+from bench.fidelity_run import Daemon, NativeTenants, TorchTenants, calibrate
+
+TARGETS = {"max_share_error_pp": 3.0, "min_aggregate_pct": 95.0, "max_ratio_error_pct": 2.5,
+           "pinned5_ratio_error_pct": 2.5}
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    weight: int = 1
+    target: float = 0.0  # % of exclusive
+    busy: bool = True
+    highprio: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    policy: int
+    tenants: tuple[Tenant, ...]
+    settings: dict[str, str] = field(default_factory=dict)  # besides the policy, for this row only
+    ratio: bool = False  # a 1:2 row: report B/A
+    pinned: bool = False  # not at the defaults: reported for its ratio only
+
+    @property
+    def full(self) -> bool:
+        """The busy tenants are owed the whole GPU: their sum is held to the aggregate target."""
+        return abs(sum(t.target for t in self.tenants if t.busy) - 100) < 0.5
+
+
+THIRD = 100 / 3
+ROWS = (
+    Row("p1_two_busy", 1, (Tenant("A", 1, 50), Tenant("B", 1, 50))),
+    Row("p2_1_2", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 2 * THIRD)), ratio=True),
+    Row("p2_1_2_b_idle", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 0, busy=False))),
+    Row("p0_max4", 0, (Tenant("A", 1, 25), Tenant("B", 1, 25)), {"max_inst": "4"}),
+    Row("p3_max10_w3_alone", 3, (Tenant("A", 3, 30),), {"max_inst": "10"}),
+    Row("p2_3_5_7", 2, (Tenant("A", 3, 20), Tenant("B", 5, 100 / 3), Tenant("C", 7, 700 / 15))),
+    Row("p4_b_idle", 4, (Tenant("A", 1, 100), Tenant("B", 2, 0, busy=False))),
+    Row("hp60_beside_normal", 1, (Tenant("H", 1, 60, highprio=True), Tenant("N", 1, 40)), {"prio_ratio": "60"}),
+    Row("p2_1_2_pinned5", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 2 * THIRD)), {"slice_ms": "5"},
+        ratio=True, pinned=True),
+)
+ROW_DEFAULTS = {"max_inst": "16", "prio_ratio": "50", "slice_ms": "auto"}
+
+
+def rate(ends: list[int], t0: int, t1: int) -> float:
+    return sum(1 for t in ends if t0 <= t < t1) / ((t1 - t0) / 1e9)
+
+
+def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
+    """One row: cycles of each busy tenant alone then all of them under the row's policy, and alone again.
+
+    A tenant's share in a cycle is its rate in the contended run (whole rounds after a warm-up) against its
+    rate alone just before and just after. In a 1:2 row the two processes swap weights between cycles
+    (ABBA), so a difference between the processes themselves cancels; shares are reported by weight.
+    """
+    for key, value in {**ROW_DEFAULTS, **row.settings}.items():
+        daemon.set(f"0/{key}", value)
+    busy = [t for t in row.tenants if t.busy]
+    alone_spans: list[dict[str, tuple[int, int]]] = []
+    runs: list[tuple[int, int, dict[str, int]]] = []
+    with tenants_of(row) as ts:
+
+        def alone() -> None:
+            daemon.set("0/policy", "4")  # work-conserving: one tenant gets the whole GPU
+            spans = {}
+            for t in busy:
+                a0, a1 = ts.run([t.name], args.exclusive)
+                spans[t.name] = (a0 + int(0.3e9), a1)
+            alone_spans.append(spans)
+
+        alone()
+        gpu: dict[str, Any] = {}
+        for k in range(args.cycles):
+            weights = {t.name: t.weight for t in busy}
+            if row.ratio and k % 4 in (1, 2):  # ABBA: the processes swap weights
+                weights = {"A": 2, "B": 1}
+            for name in sorted(weights, key=lambda n: weights[n]):  # lower first: the sum stays <= max_inst
+                daemon.set(f"0/{ts.instance(name)}/weight", str(weights[name]))
+            daemon.set("0/policy", str(row.policy))
+            t0, t1 = ts.run([t.name for t in busy], args.contended)
+            gpu = daemon.status()["gpus"][0]
+            runs.append((t0, t1, weights))
+            alone()
+        ends = {t.name: ts.ends(t.name) for t in busy}
+        leases = ts.leases(busy[0].name)
+    by_role: dict[str, list[float]] = {t.name: [] for t in busy}
+    role_of = {(t.weight, t.name) for t in busy}
+    log_ratios = []  # weight 2's rate over weight 1's, in the same window: drift of the machine cancels
+    for k, (t0, t1, weights) in enumerate(runs):
+        # whole rounds: from a turn start of the first busy tenant after the warm-up to a later one
+        starts = [g for g, _ in leases if t0 + args.warmup * 1e9 <= g < t1]
+        w0, w1 = (starts[0], starts[-1]) if len(starts) > 2 else (int(t0 + args.warmup * 1e9), t1)
+        rates = {name: rate(ends[name], w0, w1) for name in weights}
+        for name in weights:
+            excl = statistics.mean(rate(ends[name], *alone_spans[j][name]) for j in (k, k + 1))
+            role = name if not row.ratio else next(n for w, n in role_of if w == weights[name])
+            by_role[role].append(100 * rates[name] / excl)
+        if row.ratio:
+            heavy, light = sorted(weights, key=lambda n: -weights[n])
+            log_ratios.append(math.log(rates[heavy] / rates[light]))
+    shares = {name: statistics.mean(v) for name, v in by_role.items()}
+    for t in row.tenants:
+        shares.setdefault(t.name, 0.0)
+    out: dict[str, Any] = {
+        "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
+        "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"], "cycles": args.cycles,
+        "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
+                     "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
+                     "error_pp": round(shares[t.name] - t.target, 2),
+                     "cycles_pct": [round(x, 1) for x in by_role.get(t.name, [])]} for t in row.tenants],
+        "aggregate_pct": round(sum(shares[t.name] for t in busy), 2),
+    }
+    if row.ratio:  # the processes swapped weights in as many cycles as not: their own speeds cancel
+        out["ratio"] = round(math.exp(statistics.mean(log_ratios)), 4)
+        out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    at_defaults = [r for r in rows if not r["pinned"]]
+    return {
+        "max_share_error_pp": max(abs(t["error_pp"]) for r in at_defaults for t in r["tenants"]),
+        "min_aggregate_pct": min((r["aggregate_pct"] for r in at_defaults if r["full"]), default=100.0),
+        "max_ratio_error_pct": max((abs(r["ratio"] / 2 - 1) * 100 for r in at_defaults if "ratio" in r),
+                                   default=0.0),
+        "pinned5_ratio_error_pct": max((abs(r["ratio"] / 2 - 1) * 100 for r in rows if r["pinned"]),
+                                       default=0.0),
+    }
+
+
+def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rows:
+        settings = ", ".join(f"{k} {v}" for k, v in r["settings"].items() if ROW_DEFAULTS.get(k) != v)
+        for t in r["tenants"]:
+            ratio = f"{r['ratio']:.3f}" if "ratio" in r and t is r["tenants"][0] else ""
+            agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
+            lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
+                         f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f} | {t['name']}"
+                         f"{' (w%d)' % t['weight']}{' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
+                         f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--sizes", default="0.5,5", help="operation (or kernel) lengths in ms (default 0.5,5)")
+    p.add_argument("--native", action="store_true", help="C programs through libcgpu.so instead of torch")
+    p.add_argument("--only", help="run only the rows whose name contains this")
+    p.add_argument("--cycles", type=int, default=4, help="contended runs per row, each between runs alone "
+                   "(a multiple of 4 in 1:2 rows, for the ABBA swaps)")
+    p.add_argument("--exclusive", type=float, default=1.5, help="seconds of each tenant's run alone")
+    p.add_argument("--contended", type=float, default=6.0, help="seconds of each contended run")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of a contended run left out")
+    p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="cgpu-fid-", dir="/tmp"))
+    kind = "native" if args.native else "torch"
+    if args.native:
+        from bench.fidelity_run import native_target
+
+        where = native_target(tmp)
+        if where is None:
+            print("bench.fidelity --native: gcc is needed to build the C programs; skipped")
+            return 0
+        print(f"native tenants on {where.describe}" + ("" if where.real_gpu else
+              "; no NVIDIA GPU here, so the real-driver run is skipped"), flush=True)
+    rows_out: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for size in args.sizes.split(","):
+        ms = float(size)
+        with Daemon(tmp / f"d-{size}", real_gpu=args.native and where.real_gpu) as daemon:
+            if args.native:
+                def tenants_of(row: Row, ms: float = ms) -> NativeTenants:
+                    return NativeTenants(where, daemon, row, ms, tmp)
+                label = f"{ms:g} ms kernels"
+            else:
+                matmul = calibrate(ms)
+                def tenants_of(row: Row, matmul: int = matmul) -> TorchTenants:
+                    return TorchTenants(daemon, row, matmul)
+                label = f"{ms:g} ms ops (matmul {matmul})"
+            for row in ROWS:
+                if args.only and args.only not in row.name:
+                    continue
+                r = run_row(daemon, tenants_of, row, args)
+                r.update(size_ms=ms, op=label, full=row.full, pinned=row.pinned)
+                rows_out.append(r)
+                shares = " ".join(f"{t['name']}={t['share_pct']:.1f}/{t['target_pct']:.1f}" for t in r["tenants"])
+                excl = " ".join(f"{t['name']}:{'/'.join(f'{x:.0f}' for x in t['cycles_pct'])}"
+                                for t in r["tenants"] if t["busy"])
+                print(f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
+                      f"{r['handover_ms']:.2f} ms: {shares} sum {r['aggregate_pct']:.1f}"
+                      + (f" ratio {r['ratio']:.3f}" if "ratio" in r else "") + f" (by cycle {excl})", flush=True)
+            lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
+    summ = summary(rows_out)
+    ok = all(summ[k] <= v if k != "min_aggregate_pct" else summ[k] >= v for k, v in TARGETS.items())
+    if args.json:
+        print(json.dumps({"rows": rows_out, "summary": summ, "targets": TARGETS}, indent=2))
+    if not args.no_results and args.only is None:
+        head = ["Daemon at its defaults (`--sim-gpus 1x16GiB --identity declared`: slice_ms auto, "
+                "handover_target_pct 2, policy set per row through the tree); the pinned row sets slice_ms 5. "
+                "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
+                "in the same run; window: whole rounds after a warm-up.", "",
+                "| tenants | row | policy | settings | slice in force / hand-over (ms) | tenant | target % | "
+                "share % | error pp | sum % | ratio |",
+                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
+        summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
+        results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
+    print(" ".join(f"{k}={v:.2f}" for k, v in summ.items()))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    sys.exit(main())

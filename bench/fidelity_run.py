@@ -1,0 +1,262 @@
+"""The moving parts of bench.fidelity: a daemon at its defaults, and tenants it can start and pause.
+
+:class:`TorchTenants` runs bench/fidelity_worker.py under ``cgpu-run --device cpu``;
+:class:`NativeTenants` runs the C job program (tests/native/progs/cuda_job.c, ``serve`` mode) with
+libcgpu.so preloaded, against the fake CUDA driver, or the real one where there is a GPU. Both answer
+``run(names, seconds)`` (those tenants work, the others are paused) and, afterwards, ``ends(name)`` (when
+each unit of work finished) and ``leases(name)`` (when each turn started).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Protocol
+
+from bench.common import ROOT, tool
+
+SPIN_BATCH = 4  # kernels queued at once by a native tenant
+# glibc malloc's thresholds fixed, so freed tensors stay in the heap: with its self-adjusting defaults a
+# process may hand them back to the kernel and fault them in again every operation, and its speed jumps
+STEADY_MALLOC = "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=268435456"
+
+
+class TenantLike(Protocol):
+    name: str
+    weight: int
+    busy: bool
+    highprio: bool
+
+
+class RowLike(Protocol):
+    name: str
+    tenants: tuple[TenantLike, ...]
+
+
+class Daemon:
+    """arbiterd at its defaults, in a directory of its own."""
+
+    def __init__(self, tmp: Path, real_gpu: bool = False) -> None:
+        self.tmp = tmp
+        self.sock, self.admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
+        gpus = [] if real_gpu else ["--sim-gpus", "1x16GiB"]
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.log = open(tmp / "arbiterd.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir",
+                                      str(tmp / "state"), *gpus, "--identity", "declared"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        from libcgpu_client.client import wait_for_socket
+
+        if not (wait_for_socket(self.sock, 20) and wait_for_socket(self.admin, 20)):
+            raise RuntimeError(f"arbiterd did not start; see {tmp / 'arbiterd.log'}")
+
+    def ctl(self, *args: str) -> str:
+        r = subprocess.run([tool("cgpuctl"), "--admin", self.admin, *args], capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"cgpuctl {' '.join(args)}: {r.stderr.strip()}")
+        return r.stdout
+
+    def set(self, path: str, value: str) -> None:
+        self.ctl("echo", value, path)
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.ctl("status"))
+        return doc
+
+    def forget(self, instance: str) -> None:
+        """Remove a finished tenant's record, so that its weight is free for the next row."""
+        subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", f"remove {instance}", "inst_ctl"],
+                       capture_output=True, timeout=30)
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(15)
+        self.log.close()
+
+
+def calibrate(ms: float) -> int:
+    """The matmul size whose operation takes about ``ms`` here (two threads, as under cgpu-run)."""
+    import torch
+
+    size, a = 128, None
+    for _ in range(12):
+        a = torch.randn(size, size)
+        for _ in range(5):
+            torch.mm(a, a)
+        n, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 0.3:
+            torch.mm(a, a)
+            n += 1
+        took = (time.perf_counter() - t) / n * 1e3
+        if abs(took / ms - 1) < 0.1:
+            break
+        size = max(32, int(size * (ms / took) ** (1 / 3)))
+    return size
+
+
+class _Tenants:
+    """Processes that each serve one tenant through stdin commands (run, pause, dump, quit)."""
+
+    def __init__(self, daemon: Daemon, row: RowLike) -> None:
+        self.daemon, self.row = daemon, row
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.data: dict[str, dict[str, Any]] = {}
+        self.prefix = f"{row.name}-{int(time.time() * 1000) % 100000}"
+
+    def instance(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
+    def command(self, t: TenantLike) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Tenants:
+        for t in self.row.tenants:
+            cmd, env = self.command(t)
+            self.procs[t.name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env})
+        for name, proc in self.procs.items():
+            line = self._line(proc)
+            if not line.startswith("ready"):
+                raise RuntimeError(f"tenant {name} did not start: {line!r}")
+        return self
+
+    @staticmethod
+    def _line(proc: subprocess.Popen[str]) -> str:
+        out: IO[str] | None = proc.stdout
+        return out.readline() if out is not None else ""
+
+    def _send(self, name: str, line: str) -> None:
+        stdin = self.procs[name].stdin
+        assert stdin is not None
+        stdin.write(line + "\n")
+        stdin.flush()
+
+    def run(self, names: list[str], seconds: float) -> tuple[int, int]:
+        """Those tenants work for ``seconds`` (the others stay paused); returns the phase's (start, end)."""
+        t0 = time.monotonic_ns()
+        for name in names:
+            self._send(name, "run")
+        time.sleep(seconds)
+        t1 = time.monotonic_ns()
+        for name in names:
+            self._send(name, "pause")
+        time.sleep(0.2)  # let the last turn end and the leases go back
+        return t0, t1
+
+    def _collect(self) -> None:
+        for name in self.procs:
+            path = self.daemon.tmp / f"{self.instance(name)}.json"
+            self._send(name, f"dump {path}")
+            self._line(self.procs[name])
+            self.data[name] = json.loads(path.read_text())
+
+    def ends(self, name: str) -> list[int]:
+        """When each unit of work of tenant ``name`` finished, so far (read after the phases)."""
+        if not self.data:
+            self._collect()
+        return list(self.data[name]["ends"])
+
+    def leases(self, name: str) -> list[tuple[int, int]]:
+        if not self.data:
+            self._collect()
+        return [tuple(x) for x in self.data[name]["leases"]]  # type: ignore[misc]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self.data:
+            self._collect()
+        for name, proc in self.procs.items():
+            self._send(name, "quit")
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            self.daemon.forget(self.instance(name))
+
+
+class TorchTenants(_Tenants):
+    def __init__(self, daemon: Daemon, row: RowLike, size: int) -> None:
+        super().__init__(daemon, row)
+        self.size = size
+
+    def command(self, t: TenantLike) -> tuple[list[str], dict[str, str]]:
+        flags = ["--device", "cpu", "--socket", self.daemon.sock, "--instance", self.instance(t.name),
+                 "--weight", str(t.weight), *(["--highprio"] if t.highprio else [])]
+        return ([tool("cgpu-run"), *flags, "--", sys.executable, "-m", "bench.fidelity_worker", str(self.size)],
+                {"PYTHONPATH": str(ROOT), "GLIBC_TUNABLES": STEADY_MALLOC})
+
+
+@dataclass(frozen=True)
+class NativeTarget:
+    job: Path  # cuda_job, resolving the driver with dlopen
+    shim: Path
+    fakes: Path | None  # the fake libcuda.so.1's directory; None on a real GPU
+    real_gpu: bool
+
+    @property
+    def describe(self) -> str:
+        return "a real NVIDIA GPU" if self.real_gpu else "the fake CUDA driver (kernels spin on the CPU)"
+
+
+def _has_gpu() -> bool:
+    """A real libcuda that finds a device."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+def native_target(tmp: Path) -> NativeTarget | None:
+    from libcgpu_client.native import build as nb
+    from libcgpu_client.native import shim_path
+
+    shim = shim_path()
+    try:
+        job = nb.build_program([ROOT / "tests/native/progs/cuda_job.c"], tmp / "cuda_job")
+        real = _has_gpu()
+        fakes = None if real else nb.build_fakes(tmp / "fakes")
+        if shim is None:
+            shim = nb.build_shim(tmp / "shim")
+    except (nb.BuildError, FileNotFoundError):
+        return None
+    return NativeTarget(job, shim, fakes, real)
+
+
+class NativeTenants(_Tenants):
+    def __init__(self, where: NativeTarget, daemon: Daemon, row: RowLike, ms: float, tmp: Path) -> None:
+        super().__init__(daemon, row)
+        self.where, self.ms, self.kernel_ns = where, ms, int(ms * 1e6)
+
+    def command(self, t: TenantLike) -> tuple[list[str], dict[str, str]]:
+        env = {"LD_PRELOAD": str(self.where.shim), "CGPU_NATIVE": "1", "CGPU_SOCKET": self.daemon.sock,
+               "CGPU_INSTANCE": self.instance(t.name), "ALIYUN_COM_GPU_SCHD_WEIGHT": str(t.weight),
+               "ALIYUN_COM_GPU_HIGH_PRIO": "1" if t.highprio else "0"}
+        if self.where.fakes is not None:
+            env["LD_LIBRARY_PATH"] = str(self.where.fakes)
+        return [str(self.where.job), f"serve={self.ms},{SPIN_BATCH}"], env
+
+    def ends(self, name: str) -> list[int]:
+        """A batch of kernels finished at each time: one end per kernel, spread over the batch."""
+        out = []
+        for t in super().ends(name):
+            out += [t - k * self.kernel_ns for k in range(SPIN_BATCH)]
+        return sorted(out)
+
+    def leases(self, name: str) -> list[tuple[int, int]]:
+        """Turn starts, seen from the program: a batch that ended after a gap (another tenant's turn)."""
+        ends = super().ends(name)
+        gap = 2 * SPIN_BATCH * self.kernel_ns
+        return [(b, b) for a, b in zip(ends, ends[1:], strict=False) if b - a > gap]
