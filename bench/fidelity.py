@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,7 +166,7 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
             agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
                          f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f} | {t['name']}"
-                         f"{' (w%d)' % t['weight']}{' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
+                         f" (w{t['weight']}){' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
                          f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} |")
     return lines
 

@@ -10,6 +10,7 @@ each unit of work finished) and ``leases(name)`` (when each turn started).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import subprocess
@@ -259,4 +260,4 @@ class NativeTenants(_Tenants):
         """Turn starts, seen from the program: a batch that ended after a gap (another tenant's turn)."""
         ends = super().ends(name)
         gap = 2 * SPIN_BATCH * self.kernel_ns
-        return [(b, b) for a, b in zip(ends, ends[1:], strict=False) if b - a > gap]
+        return [(b, b) for a, b in itertools.pairwise(ends) if b - a > gap]

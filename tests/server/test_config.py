@@ -47,7 +47,8 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("key", "value", "tree_path"), [
     ("policy", 9, "0/policy"), ("max_inst", 0, "0/max_inst"), ("prio_ratio", 100, "0/prio_ratio"),
-    ("slice_ms", "abc", "0/slice_ms"), ("slice_ms", 0, "0/slice_ms"), ("handover_target_pct", 90, "0/handover_target_pct"),
+    ("slice_ms", "abc", "0/slice_ms"), ("slice_ms", 0, "0/slice_ms"),
+    ("handover_target_pct", 90, "0/handover_target_pct"),
 ])
 def test_a_bad_setting_gets_the_same_message_as_in_the_tree(key: str, value: object, tree_path: str) -> None:
     _, errs = config.from_mapping({key: value})
