@@ -320,13 +320,18 @@ class FakeKubelet:
 
     # ------------------------------------------------------------ containers
     def start_container(self, pod: Pod, argv: Sequence[str], container: str = "c0",
-                        env: Mapping[str, str] | None = None, preload: bool = False) -> RunningContainer:
-        """Run ``argv`` as container ``container`` of ``pod`` (see the module docstring)."""
+                        env: Mapping[str, str] | None = None, preload: bool = False,
+                        extra_mounts: Sequence[tuple[str, str]] = ()) -> RunningContainer:
+        """Run ``argv`` as container ``container`` of ``pod`` (see the module docstring).
+
+        ``extra_mounts`` (container path, host path) adds mounts no plugin asked for: a container
+        that got hold of another one's allocation directory, for the tests that it is refused.
+        """
         c = pod.container(container)
         cid = secrets.token_hex(32)
         rootfs = self.root / "rootfs" / cid[:12]
         rootfs.mkdir(parents=True)
-        mounts = c.mounts()
+        mounts = c.mounts() + [pb.Mount(container_path=cp, host_path=hp, read_only=True) for cp, hp in extra_mounts]
         for m in mounts:
             target = rootfs / m.container_path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
