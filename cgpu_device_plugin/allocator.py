@@ -84,7 +84,7 @@ class Allocator:
             cards = sorted({i.rsplit(f"-{resource.value}-", 1)[0] for i in ids})
             log.debug("%s: %d preferred on %s%s", resource.resource_name, size,
                       ", ".join(c.label() for c in node.cards if c.uuid in cards) or "no GPU (none fits)",
-                      f" (paired with allocation {hint.alloc_id})" if hint else "")
+                      f" (allocation {hint.alloc_id} is on GPU {hint.card})" if hint else "")
             return ids
 
     # ------------------------------------------------------------ Allocate
@@ -127,11 +127,11 @@ class Allocator:
             raise Refusal(f"arbiterd refused allocation {alloc_id} ({plan.describe()}): {exc}") from None
         partner = self.pairing.allocated(resource, alloc_id, gpus[0] if len(gpus) == 1 else None, self.clock())
         if partner is not None and (len(gpus) != 1 or partner.card != gpus[0]):
-            log.warning("allocation %s on GPU %s follows unpaired allocation %s on GPU %d; if both are one "
-                        "container's, arbiterd will refuse that container", alloc_id,
-                        ",".join(map(str, gpus)), partner.alloc_id, partner.card)
+            log.info("allocation %s on GPU %s: the last %s allocation, %s, is on GPU %d; if both are one "
+                     "container's, arbiterd will refuse it when it binds", alloc_id, ",".join(map(str, gpus)),
+                     resource.other.resource_name, partner.alloc_id, partner.card)
         log.info("allocation %s: %s%s", alloc_id, plan.describe(),
-                 f", paired with {partner.alloc_id}" if partner else "")
+                 f" (beside {partner.alloc_id})" if partner and gpus == (partner.card,) else "")
         return container_setup(self.cfg, plan, alloc_id)
 
     def _undo(self, alloc_id: str) -> None:

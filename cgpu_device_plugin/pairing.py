@@ -2,16 +2,21 @@
 
 How this works
 --------------
-For one container the kubelet calls the two resources' plugins one after the other, in no
-fixed order, during one admission, and never names the pod or container. So after an
-``Allocate`` of one resource on a single card, that card is remembered for ``window_s``
-seconds as *unpaired*; the next ``GetPreferredAllocation`` of the other resource in that
-window prefers it (when it has room), and the next ``Allocate`` of the other resource pairs
-with it and clears it. A newer unpaired allocation replaces an older one.
+For one container the kubelet calls the two resources' plugins one right after the other
+(GetPreferredAllocation, Allocate; then the other resource), in no fixed order, and never
+names the pod or container; it admits one container at a time. So the pairing remembers,
+per resource, the card of its most recent single-card ``Allocate``. A call for one resource
+prefers the card of the other resource's most recent allocation when that one is newer
+than this resource's own most recent allocation and younger than ``window_s``.
+
+The second resource of a container therefore always finds its first one. Nothing is
+"consumed": after a container that asked for one resource only, the next container's first
+resource is drawn to that container's card (when it fits) and its second follows its first,
+so the container still ends up on one card. The price: within the window, a container's
+first resource prefers the card the previous container ended on, if it fits there.
 
 This is only a preference: a container whose memory and core end up on different cards is
-refused by arbiterd when it binds (it checks every allocation a container presents).
-Time is passed in, so tests drive it with a virtual clock.
+refused by arbiterd when it binds. Time is passed in, so tests drive it with a virtual clock.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from cgpu_device_plugin.devices import Resource
 
 
 @dataclass(frozen=True, slots=True)
-class Unpaired:
+class Recent:
+    """The most recent single-card allocation of one resource."""
+
     card: int
     alloc_id: str
     at: float
@@ -31,27 +38,23 @@ class Unpaired:
 class Pairing:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._last: dict[Resource, Unpaired] = {}
+        self._last: dict[Resource, Recent] = {}
 
-    def _fresh(self, resource: Resource, now: float) -> Unpaired | None:
-        entry = self._last.get(resource)
-        if entry is not None and now - entry.at > self.window_s:
-            del self._last[resource]
+    def hint(self, resource: Resource, now: float) -> Recent | None:
+        """The allocation whose card a call for ``resource`` should prefer, if any."""
+        other = self._last.get(resource.other)
+        if other is None or now - other.at > self.window_s:
             return None
-        return entry
+        mine = self._last.get(resource)
+        if mine is not None and mine.at >= other.at:
+            return None  # this resource was allocated since: that call was the other's pair
+        return other
 
-    def hint(self, resource: Resource, now: float) -> Unpaired | None:
-        """The other resource's unpaired allocation in the window, whose card ``resource`` should prefer."""
-        return self._fresh(resource.other, now)
-
-    def allocated(self, resource: Resource, alloc_id: str, card: int | None, now: float) -> Unpaired | None:
-        """Record an Allocate of ``resource`` (``card`` None: it spans cards); return what it paired with."""
-        partner = self._fresh(resource.other, now)
-        if partner is not None:
-            del self._last[resource.other]
-            return partner
+    def allocated(self, resource: Resource, alloc_id: str, card: int | None, now: float) -> Recent | None:
+        """Record an Allocate of ``resource`` (``card`` None: it spans cards); return the hint it had."""
+        partner = self.hint(resource, now)
         if card is None:
             self._last.pop(resource, None)
         else:
-            self._last[resource] = Unpaired(card, alloc_id, now)
-        return None
+            self._last[resource] = Recent(card, alloc_id, now)
+        return partner

@@ -8,8 +8,11 @@ available that arbiterd would also still accept (``Card.free``: what no allocati
 * ``preferred`` answers ``GetPreferredAllocation``. A request that fits one card gets one
   card: the paired card (``hint``: the card of the same container's other resource) when it
   has room, else by policy: ``binpack`` takes the fullest card that fits (least room),
-  ``spread`` the emptiest (most room); ties go to the lowest index. Memory that fits no single
-  card spans the fewest cards, largest room first. Within a card the lowest units are taken.
+  ``spread`` the emptiest (most room); ties go to the lowest index. Cards that keep at least
+  the same share of the *other* resource free as the request takes of its own come first:
+  the kubelet asks for the container's other resource only after this one, and it must fit
+  on the same card. Memory that fits no single card spans the fewest cards, largest room
+  first. Within a card the lowest units are taken.
 * ``plan_allocation`` checks the IDs ``Allocate`` receives (the kubelet may ignore the
   preference) and refuses, with a one-line ``Refusal``, anything the node must not run: a
   core percentage that is not a multiple of 5 or crosses cards, memory split across cards
@@ -67,10 +70,16 @@ def _units_by_card(resource: Resource, ids: Iterable[str], cards: dict[str, Card
     return out
 
 
-def _order(cards: Sequence[Card], room: dict[str, int], policy: str) -> list[Card]:
-    if policy == "spread":
-        return sorted(cards, key=lambda c: (-room[c.uuid], c.index))
-    return sorted(cards, key=lambda c: (room[c.uuid], c.index))
+def _balanced(card: Card, resource: Resource, need: int) -> bool:
+    """The card has at least the share of the other resource free that this request takes of its own."""
+    other = resource.other
+    return card.free(other) * card.units(resource) >= need * card.units(other)
+
+
+def _order(cards: Sequence[Card], room: dict[str, int], policy: str, resource: Resource, need: int) -> list[Card]:
+    """Cards with room beside them for the container's other resource first; then by policy."""
+    sign = -1 if policy == "spread" else 1
+    return sorted(cards, key=lambda c: (not _balanced(c, resource, need), sign * room[c.uuid], c.index))
 
 
 def _take(resource: Resource, card: Card, units: list[int], n: int) -> list[str]:
@@ -95,7 +104,7 @@ def preferred(resource: Resource, size: int, available: Iterable[str], must_incl
     fits = [c for c in cards if room[c.uuid] >= need]
     if fits:
         paired = [c for c in fits if c.index == hint]
-        card = paired[0] if paired else _order(fits, room, policy)[0]
+        card = paired[0] if paired else _order(fits, room, policy, resource, need)[0]
         return result + _take(resource, card, avail[card.uuid], need)
     if resource is Resource.CORE or sum(room.values()) < need:
         return []
@@ -133,7 +142,7 @@ def plan_allocation(resource: Resource, ids: Sequence[str], cards: Sequence[Card
         except BadDeviceId as exc:
             raise Refusal(f"{name}: {exc}") from None
         if d.resource is not resource:
-            raise Refusal(f"{name}: {text} is a {d.resource.resource_name} device")
+            raise Refusal(f"{name}: {text} belongs to {d.resource.resource_name}")
         card = by_uuid.get(d.uuid)
         if card is None:
             raise Refusal(f"{name}: {text} names GPU {d.uuid}, which arbiterd does not report")

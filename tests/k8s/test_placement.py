@@ -175,3 +175,13 @@ def test_min_cards() -> None:
     assert min_cards(15, [4, 10, 7]) == 2
     assert min_cards(4, [4, 10, 7]) == 1
     assert min_cards(22, [4, 10, 7]) == 4
+
+
+def test_cards_with_room_for_the_other_resource_come_first() -> None:
+    """GPU 0 is fuller in memory but has no core left: a container's core (asked next) could not join it."""
+    cs = cards(16, 16)
+    cs[0] = dataclasses.replace(cs[0], alloc_mem=8 * GIB, alloc_core=100)
+    cs[1] = dataclasses.replace(cs[1], alloc_mem=4 * GIB)
+    assert card_of(preferred(MEM, 4, all_ids(cs, MEM), [], cs, "binpack")) == {1}
+    cs[0] = dataclasses.replace(cs[0], alloc_core=70)  # 30 % core free >= the 25 % of memory asked
+    assert card_of(preferred(MEM, 4, all_ids(cs, MEM), [], cs, "binpack")) == {0}
