@@ -112,3 +112,30 @@ def test_the_plugin_removes_its_sockets_when_it_stops(node: Node) -> None:
     plugin.stop()
     assert not (node.kubelet_dir / "cgpu-mem.sock").exists() and not (node.kubelet_dir / "cgpu-core.sock").exists()
     assert (node.kubelet_dir / "kubelet.sock").exists()
+
+
+def test_the_command_serves_and_sigterm_stops_it_cleanly(node: Node) -> None:
+    import signal
+    import subprocess
+
+    from tests.helpers import tool
+
+    cfg = node.config()
+    toml = node.root / "plugin.toml"
+    toml.write_text(f'kubelet_dir = "{cfg.kubelet_dir}"\nadmin_socket = "{cfg.admin_socket}"\n'
+                    f'socket_dir = "{cfg.socket_dir}"\nlibcgpu = "{cfg.libcgpu}"\nalloc_dir = "{cfg.alloc_dir}"\n'
+                    'placement = "binpack"\n')
+    proc = subprocess.Popen([tool("cgpu-device-plugin"), "--config", str(toml), "--placement", "spread",
+                             "--poll-interval-s", "0.05", "--watch-interval-s", "0.05"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for resource in RESOURCES:
+            node.kubelet.wait_registered(resource, timeout=20)
+        pods = [node.kubelet.admit(f"p{i}", [{MEM: 4}]) for i in range(2)]
+        assert [p.container().envs()["ALIYUN_COM_GPU_VISIBLE_DEVICES"] for p in pods] == ["0", "1"]  # the flag won
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: shutting down" in err and "allocation mem-" in err
+    assert not (node.kubelet_dir / "cgpu-mem.sock").exists()
