@@ -4,7 +4,7 @@ On disk, under ``alloc_dir``:
 
 * ``state.json``: allocation id -> resource, device IDs, GPUs, sizes (mode 0600, written
   atomically: temp file, fsync, rename, fsync of the directory);
-* ``<ALLOC_ID>/token`` (dir 0755, file 0444): 32 random bytes as hex. ``Allocate`` mounts
+* ``<ALLOC_ID>/token`` (dir 0755, file 0444, inside ``alloc_dir`` 0700): 32 random bytes as hex. ``Allocate`` mounts
   the directory read-only into the container; arbiterd knows only the token's SHA-256, and
   binds the allocation to the first container that presents the token.
 
@@ -77,8 +77,13 @@ class AllocationStore:
 
     # ------------------------------------------------------------ persistence
     def load(self) -> None:
-        """Read ``state.json``; an unreadable one is moved aside (logged) and the store starts empty."""
+        """Read ``state.json``; an unreadable one is moved aside (logged) and the store starts empty.
+
+        ``alloc_dir`` itself is made 0700: each container sees only its own allocation's
+        directory (a bind mount), and nobody on the host but root lists or reads the tokens.
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
         try:
             raw = json.loads(self.path.read_text())
             records = [Record.from_json(k, v) for k, v in raw["allocations"].items() if ALLOC_ID.match(k)]

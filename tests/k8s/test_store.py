@@ -31,6 +31,7 @@ def test_token_dir_is_0755_file_0444_and_arbiterd_gets_its_sha256(tmp_path: Path
     d = tmp_path / "mem-0123456789ab"
     token = (d / "token").read_text()
     assert stat.S_IMODE(d.stat().st_mode) == 0o755 and stat.S_IMODE((d / "token").stat().st_mode) == 0o444
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o700  # only root on the host sees the tokens
     assert len(token.strip()) == 64 and int(token, 16) >= 0  # 32 random bytes, hex
     assert digest == hashlib.sha256(token.strip().encode()).hexdigest() == token_digest(token + "\n\n")
     assert store.token_sha("mem-0123456789ab") == digest
