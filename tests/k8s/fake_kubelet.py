@@ -16,9 +16,11 @@ What it does, as the kubelet's device manager does (pkg/kubelet/cm/devicemanager
 * ``restart()`` stops, empties the directory (the kubelet deletes every plugin socket when
   it starts) and serves a new ``kubelet.sock``; devices in use survive (its checkpoint).
 * ``start_container`` runs a real process as a "container": the env of the Allocate answers
-  (first answer wins on a conflict, as the kubelet merges them), the mounts materialised as
-  symlinks under a rootfs dir, and a fake ``/proc/<pid>`` (``cgroup`` with a kubepods path,
-  ``root`` -> the rootfs) written before the process is let go: it waits on stdin, then execs.
+  (first answer wins on a conflict, as the kubelet merges them), the mounts materialised
+  under a rootfs dir (plain directories copied, so that a daemon resolving paths inside the
+  container's root finds no symlink; socket directories and files as symlinks), and a fake
+  ``/proc/<pid>`` (``cgroup`` with a kubepods path, ``root`` -> the rootfs) written before
+  the process is let go: it waits on stdin, then execs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -321,11 +324,14 @@ class FakeKubelet:
     # ------------------------------------------------------------ containers
     def start_container(self, pod: Pod, argv: Sequence[str], container: str = "c0",
                         env: Mapping[str, str] | None = None, preload: bool = False,
-                        extra_mounts: Sequence[tuple[str, str]] = ()) -> RunningContainer:
+                        extra_mounts: Sequence[tuple[str, str]] = (),
+                        symlinks: Sequence[tuple[str, str]] = ()) -> RunningContainer:
         """Run ``argv`` as container ``container`` of ``pod`` (see the module docstring).
 
         ``extra_mounts`` (container path, host path) adds mounts no plugin asked for: a container
-        that got hold of another one's allocation directory, for the tests that it is refused.
+        that got hold of another one's allocation directory. ``symlinks`` (path in the container,
+        target) are links the container made itself, e.g. pointing at a host path. Both are for
+        the tests that such containers are refused.
         """
         c = pod.container(container)
         cid = secrets.token_hex(32)
@@ -335,7 +341,14 @@ class FakeKubelet:
         for m in mounts:
             target = rootfs / m.container_path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to(m.host_path)
+            host = Path(m.host_path)
+            if host.is_dir() and not any(p.is_socket() for p in host.iterdir()):
+                shutil.copytree(host, target)  # a plain directory, as a bind mount looks from inside
+            else:
+                target.symlink_to(host)  # sockets cannot be copied; files need not be
+        for link, points_to in symlinks:
+            (rootfs / link.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (rootfs / link.lstrip("/")).symlink_to(points_to)
         envs = c.envs()
         for key in ("CGPU_SOCKET", "LD_PRELOAD"):  # this "container" has no mount namespace: see via rootfs
             if key in envs and any(envs[key].startswith(m.container_path) for m in mounts):

@@ -149,6 +149,21 @@ def test_a_process_claiming_another_containers_allocation_is_refused(cluster: Cl
     assert "bound to another container" in reply["message"]
 
 
+def test_a_token_reached_through_a_symlink_out_of_the_container_is_not_used(cluster: Cluster) -> None:
+    """Expects: arbiterd resolves <alloc_mount>/*/token inside the container's root (openat2
+    RESOLVE_IN_ROOT, or no symlinks followed), because a container can write symlinks under
+    /run/cgpu-alloc: one pointing at a host path must not present that host file's token."""
+    victim = cluster.kubelet.admit("victim", [{MEM: 4}])  # admitted, not started: its allocation is unbound
+    _, host_dir = cluster.alloc_dir_of(victim, "mem-")
+    thief = cluster.kubelet.admit("thief", [{MEM: 1}])
+    rc = cluster.kubelet.start_container(thief, [sys.executable, PROG, "register"],
+                                         symlinks=(("/run/cgpu-alloc/stolen", host_dir),))
+    reply = cluster.result(rc)
+    assert reply["op"] == "registered" and reply["gpus"][0]["mem_limit"] == 1 * GIB
+    victim_id = Path(host_dir).name
+    assert cluster.alloc_ctl()[victim_id] == "-"
+
+
 def test_a_container_without_a_valid_token_is_refused(cluster: Cluster) -> None:
     """Expects: with ``allocations = "required"`` a container process presenting no token is
     refused with an error saying why (nothing under /run/cgpu-alloc)."""
