@@ -1,0 +1,243 @@
+"""Pods arriving and leaving through a fake kubelet on an 8-GPU node, under binpack and under spread.
+
+    python -m bench.k8s [--json] [--pods 200] [--seed 7] [--fake-arbiter] [--no-results]
+
+One event sequence (fixed seed) of ``--pods`` arrivals, each pod asking for GPU memory
+and/or a core percentage of random sizes and leaving after a random number of arrivals,
+is replayed once per placement policy: a fresh arbiterd (``--sim-gpus 8x16GiB``), a fresh
+fake kubelet (tests/k8s/fake_kubelet.py) and the plugin in this process. After every
+arrival and departure the bench reads arbiterd's status and counts a card whose allocated
+memory or core percentage passes its total as an overcommit.
+
+A pod is *refused* when the node had room for it in total (free memory and core percent
+summed over cards, from the pods still running) yet it cannot run: admission failed, or its
+memory and core percentage landed on different cards (arbiterd refuses such a container
+when it binds). That is fragmentation. Pods the node had no room for are counted apart.
+``Allocate`` latency is the kubelet-side time of each Allocate RPC.
+
+Until arbiterd has allocation support (alloc_ctl), run it with ``--fake-arbiter``: the fake
+admin API of tests/k8s/fake_arbiter.py stands in for arbiterd, and bench/RESULTS.md is not
+written. The output ends with
+``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cgpu_device_plugin.admin import AdminClient
+from cgpu_device_plugin.config import Config
+from cgpu_device_plugin.plugin import Plugin
+from tests.k8s.fake_arbiter import FakeArbiter
+from tests.k8s.fake_kubelet import CORE, MEM, AdmissionError, FakeKubelet, Pod
+
+GPUS, GIB_PER_GPU = 8, 16
+MEM_SIZES = [1, 2, 2, 4, 4, 4, 6, 8, 8, 12, 16]  # GiB, weighted by repetition
+CORE_SIZES = [10, 15, 20, 25, 30, 40, 50, 60]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    step: int
+    name: str
+    mem: int  # GiB, 0: none
+    core: int  # percent, 0: none
+    leaves_at: int
+
+
+def workload(pods: int, seed: int) -> list[Arrival]:
+    """``pods`` arrivals, one per step; each stays 8 to 32 steps (about 85 % of the node's memory in use)."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(pods):
+        kind = rng.random()
+        mem = rng.choice(MEM_SIZES) if kind < 0.9 else 0
+        core = rng.choice(CORE_SIZES) if kind >= 0.2 else 0
+        out.append(Arrival(step, f"pod-{step:03d}", mem, core, step + rng.randint(8, 32)))
+    return out
+
+
+@dataclass
+class Run:
+    placement: str
+    pods: int = 0
+    admitted: int = 0
+    no_room: int = 0
+    refused: int = 0  # fragmentation: admission failed though the node had room in total
+    split: int = 0  # memory and core on different cards: refused at bind
+    split_no_card: int = 0  # of those, pods no single card had room for
+    spanned: int = 0  # memory over more than one card
+    overcommits: int = 0
+    allocate_ms: list[float] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cannot_run(self) -> int:
+        return self.refused + self.split
+
+
+def cards(pod: Pod, resource: str) -> set[str]:
+    return {d.rsplit("-", 2)[0] for c in pod.containers for d in c.devices.get(resource, [])}
+
+
+def overcommitted(admin: AdminClient) -> int:
+    node = admin.node()
+    return sum(1 for c in node.cards if c.alloc_mem > c.total_mem or c.alloc_core > 100)
+
+
+def replay(placement: str, arrivals: list[Arrival], fake: bool, root: Path) -> Run:
+    root.mkdir(parents=True)
+    run = Run(placement)
+    daemon: Any = None
+    arbiter: FakeArbiter | None = None
+    if fake:
+        arbiter = FakeArbiter(root / "admin.sock", [GIB_PER_GPU] * GPUS).start()
+        admin_socket, socket_dir = str(arbiter.path), str(root)
+    else:
+        from tests.helpers import DaemonProc
+
+        (root / "k" / "proc").mkdir(parents=True)
+        daemon = DaemonProc(root / "d", "--sim-gpus", f"{GPUS}x{GIB_PER_GPU}GiB", "--identity", "cgroup",
+                            "--proc-root", str(root / "k" / "proc"), "--allocations", "required",
+                            "--alloc-mount", "/run/cgpu-alloc")
+        daemon.tmp.mkdir()
+        try:
+            daemon.start()
+        except RuntimeError as exc:
+            raise SystemExit("bench.k8s: arbiterd did not start; without allocation support (alloc_ctl) run "
+                             f"python -m bench.k8s --fake-arbiter\n{exc}") from None
+        admin_socket, socket_dir = daemon.admin, str(daemon.run_dir)
+    libcgpu = root / "libcgpu.so"
+    libcgpu.write_bytes(b"")
+    kubelet = FakeKubelet(root / "dp", root / "k").start()
+    plugin = Plugin(Config(kubelet_dir=str(root / "dp"), admin_socket=admin_socket, socket_dir=socket_dir,
+                           libcgpu=str(libcgpu), alloc_dir=str(root / "alloc"), placement=placement,
+                           poll_interval_s=0.2, watch_interval_s=0.2))
+    plugin.start()
+    admin = AdminClient(admin_socket)
+    try:
+        for resource in (MEM, CORE):
+            kubelet.wait_registered(resource)
+        live: dict[str, tuple[Arrival, Pod]] = {}
+        uuids = [c.uuid for c in admin.node().cards]
+        for a in arrivals:
+            for name, (b, pod) in sorted(live.items()):
+                if b.leaves_at <= a.step:
+                    kubelet.delete(pod)
+                    del live[name]
+                    run.overcommits += overcommitted(admin)
+            run.pods += 1
+            used: dict[str, list[int]] = {}
+            for _, p in live.values():
+                for resource, k in ((MEM, 0), (CORE, 1)):
+                    for d in (d for c in p.containers for d in c.devices.get(resource, [])):
+                        used.setdefault(d.rsplit("-", 2)[0], [0, 0])[k] += 1
+            one_card = any(GIB_PER_GPU - u[0] >= a.mem and 100 - u[1] >= a.core
+                           for u in [used.get(uuid, [0, 0]) for uuid in uuids])
+            free_mem = GPUS * GIB_PER_GPU - sum(b.mem for b, _ in live.values())
+            free_core = GPUS * 100 - sum(b.core for b, _ in live.values())
+            requests = {r: n for r, n in ((MEM, a.mem), (CORE, a.core)) if n}
+            try:
+                pod = kubelet.admit(a.name, [requests])
+            except AdmissionError as exc:
+                if a.mem > free_mem or a.core > free_core:
+                    run.no_room += 1
+                else:
+                    run.refused += 1
+                    key = str(exc).split(": ", 2)[-1][:60]
+                    run.reasons[key] = run.reasons.get(key, 0) + 1
+            else:
+                run.admitted += 1
+                live[a.name] = (a, pod)
+                mem_cards, core_cards = cards(pod, MEM), cards(pod, CORE)
+                run.spanned += len(mem_cards) > 1
+                if mem_cards and core_cards and not core_cards <= mem_cards:
+                    run.split += 1
+                    run.split_no_card += not one_card
+            run.overcommits += overcommitted(admin)
+        run.allocate_ms = [s * 1000 for s in kubelet.allocate_seconds]
+    finally:
+        kubelet.close()
+        plugin.stop()
+        if arbiter is not None:
+            arbiter.stop()
+        if daemon is not None:
+            daemon.stop()
+    return run
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.k8s", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON document before the summary line")
+    parser.add_argument("--pods", type=int, default=200, help="pod arrivals (default 200)")
+    parser.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
+    parser.add_argument("--fake-arbiter", action="store_true",
+                        help="use the fake admin API instead of arbiterd (until arbiterd has alloc_ctl)")
+    parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    arrivals = workload(args.pods, args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="bk-", dir="/tmp"))  # short: UNIX socket paths
+    try:
+        runs = [replay(p, arrivals, args.fake_arbiter, tmp / p) for p in ("binpack", "spread")]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    all_ms = [ms for r in runs for ms in r.allocate_ms]
+    p99 = pct(all_ms, 0.99)
+    header = (f"{'placement':9} {'pods':>5} {'admitted':>8} {'no room':>7} {'refused':>7} {'split':>5} "
+              f"{'(no card)':>9} {'spanned':>7} {'overcommits':>11} {'alloc p50 ms':>12} {'p99 ms':>7}")
+    rows = [f"{r.placement:9} {r.pods:5d} {r.admitted:8d} {r.no_room:7d} {r.refused:7d} {r.split:5d} "
+            f"{r.split_no_card:9d} {r.spanned:7d} {r.overcommits:11d} {statistics.median(r.allocate_ms or [0]):12.2f} "
+            f"{pct(r.allocate_ms, 0.99):7.2f}" for r in runs]
+    pods = runs[0].pods
+    overcommits = sum(r.overcommits for r in runs)
+    summary = (f"pods={pods} overcommits={overcommits} binpack_refused={runs[0].cannot_run} "
+               f"spread_refused={runs[1].cannot_run} allocate_p99_ms={p99:.2f}")
+    if args.json:
+        print(json.dumps({"arbiter": "fake" if args.fake_arbiter else "arbiterd", "seed": args.seed,
+                          "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
+                          "runs": [{**{k: v for k, v in asdict(r).items() if k != "allocate_ms"},
+                                    "cannot_run": r.cannot_run,
+                                    "allocate_p50_ms": round(statistics.median(r.allocate_ms or [0]), 3),
+                                    "allocate_p99_ms": round(pct(r.allocate_ms, 0.99), 3)} for r in runs]},
+                         indent=2))
+    print(header)
+    print("\n".join(rows))
+    note = ("refused: admission failed with room in total; split: memory and core on different cards (arbiterd "
+            "refuses the container at bind); (no card): of those, pods no single card had room for; spanned: "
+            "memory over several cards")
+    print(note)
+    if args.fake_arbiter:
+        print("(against the fake admin API of tests/k8s/fake_arbiter.py; bench/RESULTS.md not written)")
+    elif not args.no_results:
+        from bench import results
+
+        cmd = "python -m bench.k8s " + " ".join(argv if argv is not None else sys.argv[1:])
+        body = (f"{pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, once per placement.\n\n```\n"
+                f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
+        results.update("k8s", cmd.strip(), body)
+    print(summary)
+    return 0 if overcommits == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

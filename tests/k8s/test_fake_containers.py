@@ -1,0 +1,37 @@
+"""The fake kubelet's containers are real enough for arbiterd: it identifies them by their fake /proc.
+
+Today's arbiterd (no allocation support yet) serves the client socket; the plugin runs on
+the fake admin API. This checks the harness the end-to-end tests stand on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.helpers import DaemonProc
+from tests.k8s.conftest import Node
+from tests.k8s.fake_kubelet import CORE, MEM
+
+PROG = str(Path(__file__).with_name("container_prog.py"))
+
+
+def test_arbiterd_identifies_a_fake_container_from_its_fake_proc_entries(node: Node) -> None:
+    daemon = DaemonProc(node.root / "d", "--sim-gpus", "2x16GiB", "--identity", "cgroup",
+                        "--proc-root", str(node.kubelet.proc_root))
+    daemon.tmp.mkdir()
+    daemon.start()
+    try:
+        node.start_plugin(socket_dir=str(daemon.run_dir))
+        pod = node.kubelet.admit("a", [{MEM: 4, CORE: 30}])
+        rc = node.kubelet.start_container(pod, [sys.executable, PROG, "register"])
+        code, out, err = rc.wait()
+        assert code == 0, err
+        reply = json.loads(out)
+        assert reply["op"] == "registered" and reply["instance"] == rc.cid[:12]
+        # today's daemon trusts the environment of an instance nobody provisioned: 30 % is weight 6
+        assert reply["gpus"][0]["gpu"] == 0 and reply["gpus"][0]["weight"] == 6
+        assert reply["gpus"][0]["mem_limit"] == 4 << 30
+    finally:
+        daemon.stop()
