@@ -15,9 +15,9 @@ memory and core percentage landed on different cards (arbiterd refuses such a co
 when it binds). That is fragmentation. Pods the node had no room for are counted apart.
 ``Allocate`` latency is the kubelet-side time of each Allocate RPC.
 
-Until arbiterd has allocation support (alloc_ctl), run it with ``--fake-arbiter``: the fake
-admin API of tests/k8s/fake_arbiter.py stands in for arbiterd, and bench/RESULTS.md is not
-written. The output ends with
+arbiterd runs at its defaults plus ``--allocations required`` (``--identity cgroup`` with the
+fake kubelet's /proc). ``--fake-arbiter`` puts the fake admin API of tests/k8s/fake_arbiter.py
+in its place, to time the plugin alone; bench/RESULTS.md is then not written. The output ends with
 ``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x>``.
 """
 

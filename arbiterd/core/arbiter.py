@@ -21,6 +21,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from arbiterd.core.allocations import AllocationBook
 from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.errors import ConflictError, IdentityError, NotFoundError, SettingError
 from arbiterd.core.memory import MemDecision, MemoryLedger
@@ -95,6 +96,7 @@ class ArbiterConfig:
     trust_client_env: bool = True
     default_memsize: int = 0  # the initial value of the node-wide setting
     linger_ns: int = 60 * NS_PER_S
+    allocations: str = "off"  # off | optional | required: see arbiterd.core.binding
 
 
 class Arbiter:
@@ -116,6 +118,7 @@ class Arbiter:
         self.records: dict[tuple[int, str], InstanceRecord] = {}
         self.clients: dict[int, ClientInfo] = {}
         self.globals = GlobalSettings(default_memsize=self.config.default_memsize)
+        self.allocations = AllocationBook()
 
     # ------------------------------------------------------------ lookups
     def sched(self, gpu: int) -> GpuScheduler:
@@ -196,7 +199,11 @@ class Arbiter:
 
     def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int) -> list[Effect]:
         """``inst_ctl create``: trusted settings that win over a client's environment."""
-        for gpu in gpus:
+        return self.provision_each(name, dict.fromkeys(gpus, s), now)
+
+    def provision_each(self, name: str, settings: dict[int, InstanceSettings], now: int) -> list[Effect]:
+        """Provision ``name`` with its own settings on each GPU: all of them, or (ConflictError) none."""
+        for gpu, s in settings.items():
             sched = self.sched(gpu)
             core = bool(s.core_percent) and self._core_ready(sched)  # it becomes 20 slots first
             INSTANCE["weight"].check(s.weight, CORE_MAX_INST if core else sched.settings.max_inst)
@@ -206,7 +213,7 @@ class Arbiter:
             if s.weight > room:
                 raise ConflictError(f"weight {s.weight} exceeds free_weight {room} on GPU {gpu}")
         effects: list[Effect] = []
-        for gpu in gpus:
+        for gpu, s in settings.items():
             rec = self.records.get((gpu, name))
             if rec is None:
                 _, eff, _ = self.create_instance(gpu, name, s, now, provisioned=True)
@@ -219,6 +226,20 @@ class Arbiter:
                 rec.memsize = s.memsize
                 rec.ledger.limit = self.mem_limit(rec)
                 rec.provisioned = True
+        return effects
+
+    def drop_records(self, name: str, gpus: list[int], now: int) -> list[Effect]:
+        """Forget ``name`` on ``gpus``: at once where no client uses it, else when its last client leaves."""
+        effects: list[Effect] = []
+        for gpu in gpus:
+            rec = self.records.get((gpu, name))
+            if rec is None:
+                continue
+            if rec.clients:
+                rec.provisioned = False
+                continue
+            effects += self.scheds[gpu].remove_instance(name, now)
+            del self.records[(gpu, name)]
         return effects
 
     def unprovision(self, name: str, gpus: list[int] | None, now: int) -> list[Effect]:

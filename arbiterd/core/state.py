@@ -30,6 +30,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         **{k: getattr(arb.globals, k) for k in GLOBAL},
         "gpus": gpus,
         "instances": instances,
+        "allocations": arb.allocations.snapshot(),
     }
 
 
@@ -60,6 +61,8 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
                 continue
             s = InstanceSettings(**{k: INSTANCE[k].check(item[k]) for k in INSTANCE_KEYS})
             arb.create_instance(gpu, name, s, now, provisioned=bool(item["provisioned"]))
+        totals = {g: info.total_mem for g, info in arb.gpus.items()}
+        warnings += arb.allocations.restore(list(doc.get("allocations", [])), totals)
     except (KeyError, TypeError, ValueError) as exc:
         raise SettingError(f"state: malformed document ({exc.__class__.__name__}: {exc})") from None
     except CoreError as exc:

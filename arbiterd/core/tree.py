@@ -1,7 +1,7 @@
 """The settings tree (behaviour §2) over an :class:`Arbiter`, as plain text.
 
 Paths are those of ``/proc/cgpu_km`` without the prefix: ``version``,
-``default_memsize``, ``inst_ctl``, ``upgrade``, ``0/policy``,
+``default_memsize``, ``inst_ctl``, ``upgrade``, ``alloc_ctl``, ``0/policy``,
 ``0/<container-id>/weight`` and so on. Writable files are the settings of
 settings.py; the read-only ones are computed here. :func:`read` returns a
 file's text or a folder's listing; :func:`write` parses and applies a value,
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from arbiterd import __version__
-from arbiterd.core import instctl
+from arbiterd.core import allocctl, instctl
 from arbiterd.core.arbiter import Arbiter, InstanceRecord, valid_instance_id
 from arbiterd.core.effects import NS_PER_MS, Effect
 from arbiterd.core.errors import NotFoundError, ReadOnlyError, SettingError
@@ -37,6 +37,7 @@ INSTANCE_READONLY: dict[str, tuple[InstReader, str]] = {
                 "'Free: <bytes>', then one 'PID: <pid> Mem: <bytes>' line per process"),
 }
 GLOBAL_FILES = ("version", "default_memsize", "inst_ctl", "upgrade")
+ALLOC_FILES = ("alloc_ctl",)  # listed only while allocations are on (the seed's tree has no such file)
 _SEED_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # cGPU's order first
 GPU_FILES = _SEED_GPU + tuple(n for n in GPU if n not in _SEED_GPU) + ("busy_ms",)
 INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo")
@@ -70,7 +71,8 @@ def is_dir(arb: Arbiter, path: str) -> bool:
 def listdir(arb: Arbiter, path: str) -> list[str]:
     parts = _split(path)
     if not parts:
-        return list(GLOBAL_FILES) + [str(g) for g in sorted(arb.scheds)]
+        extra = ALLOC_FILES if arb.config.allocations != "off" else ()
+        return [*GLOBAL_FILES, *extra] + [str(g) for g in sorted(arb.scheds)]
     if len(parts) == 1:
         gpu = _gpu(arb, parts[0]).index
         return list(GPU_FILES) + [r.name for r in arb.instances_on(gpu)]
@@ -93,6 +95,8 @@ def read(arb: Arbiter, path: str, now: int) -> str:
             return GLOBAL[name].format(getattr(arb.globals, name)) + "\n"
         if name == "inst_ctl":
             return instctl.listing(arb)
+        if name == "alloc_ctl":
+            return allocctl.listing(arb)
     elif len(parts) == 2:
         sched, key = _gpu(arb, parts[0]), parts[1]
         if key in GPU:
@@ -125,6 +129,8 @@ def write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
         name = parts[0]
         if name == "inst_ctl":
             return instctl.run(arb, value, now)
+        if name == "alloc_ctl":
+            return allocctl.run(arb, value, now)
         if name in GLOBAL:
             arb.set_global(name, GLOBAL[name].parse(value))
             return []

@@ -20,6 +20,7 @@ from arbiterd.core.settings import GLOBAL, GPU, GpuSettings, check_gpu_settings,
 from arbiterd.server.cpu import PRIORITY_RANGE
 
 IDENTITY_SOURCES = ("cgroup", "declared")
+ALLOCATION_MODES = ("off", "optional", "required")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 Check = Callable[[str, Any], str | None]  # (name, value) -> an error, or None
 
@@ -44,6 +45,11 @@ def _one_of(choices: tuple[str, ...]) -> Check:
 
 def _path(name: str, v: Any) -> str | None:
     return None if isinstance(v, str) and v else f"{name}: expected a path"
+
+
+def _mount(name: str, v: Any) -> str | None:
+    ok = isinstance(v, str) and v.startswith("/") and v != "/" and ".." not in v.split("/")
+    return None if ok else f"{name}: expected an absolute path inside the container, got {v!r}"
 
 
 def _bool(name: str, v: Any) -> str | None:
@@ -104,6 +110,13 @@ class Config:
     identity: str = opt("cgroup", "cgroup: a container's id comes from its cgroup; declared: trust "
                         "CGPU_INSTANCE (development hosts)", _one_of(IDENTITY_SOURCES), choices=IDENTITY_SOURCES)
     proc_root: str = opt("/proc", "where peer cgroups are read (tests inject a fake one)", _path, metavar="DIR")
+    allocations: str = opt("off", "off: no allocations; optional: a container presenting an allocation token "
+                           "gets that allocation; required: a container process without a valid token is "
+                           "refused (Kubernetes nodes with cgpu-device-plugin)", _one_of(ALLOCATION_MODES),
+                           choices=ALLOCATION_MODES)
+    alloc_mount: str = opt("/run/cgpu-alloc", "where a container holds its allocation tokens "
+                           "(<dir>/<allocation-id>/token), read through /proc/<pid>/root", _mount,
+                           metavar="DIR")
     trust_client_env: bool = opt(True, "use a client's environment for instances nobody provisioned", _bool)
     default_memsize: str = opt("0", GLOBAL["default_memsize"].help, _size, metavar="SIZE")
     linger_s: int = opt(60, "keep an instance record this long after its last client left (s)", _int(0, 86_400),
@@ -153,6 +166,8 @@ def from_mapping(data: dict[str, Any]) -> tuple[Config, list[str]]:
         problem = f.metadata["check"](name, getattr(cfg, name))
         if problem:
             errs.append(problem)
+    if cfg.allocations != "off" and cfg.identity != "cgroup":
+        errs.append("allocations: binding an allocation to its container needs identity = \"cgroup\"")
     if not errs:
         try:
             check_gpu_settings(cfg.gpu)

@@ -155,7 +155,8 @@ class ClientConnection(asyncio.Protocol):
 
     def register(self, msg: p.Register) -> None:
         hub = self.hub
-        instance = hub.identity.resolve(self.pid, msg.instance)
+        ident = hub.identity.identify(self.pid, msg.instance)
+        instance = ident.instance
         gpus = [hub.gpu_index(g) for g in msg.gpus]
         memsize = msg.memsize or []
         requested: dict[int, InstanceSettings] = {}
@@ -166,10 +167,17 @@ class ClientConnection(asyncio.Protocol):
             if msg.core_percent is not None:
                 values["core_percent"] = msg.core_percent
             requested[gpu] = InstanceSettings(**{k: INSTANCE[k].check(v) for k, v in values.items()})
+        bound = hub.bind(self.pid, ident)
+        notes: list[str] = []
+        if bound is not None and sorted(set(gpus)) != bound.gpus:
+            notes.append(f"GPU {','.join(map(str, bound.gpus))} from allocation {', '.join(bound.allocations)} "
+                         f"(asked for GPU {','.join(map(str, gpus))})")
+            gpus = bound.gpus
         reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns())
         for w in reg.warnings:
             log.warning("client %d (pid %d): %s", self.cid, self.pid, w)
-        self.send(p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus], reg.warnings))
+        self.send(p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus],
+                               notes + reg.warnings))
         hub.apply(effects)
 
     def acquire(self, msg: p.Acquire) -> None:

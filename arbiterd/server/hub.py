@@ -16,15 +16,16 @@ import logging
 import time
 from typing import Protocol
 
+from arbiterd.core import binding, tree
 from arbiterd.core import state as core_state
-from arbiterd.core import tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
 from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.effects import Grant as GrantEffect
 from arbiterd.core.errors import NotFoundError
+from arbiterd.server import tokens
 from arbiterd.server.config import Config, default_memsize
 from arbiterd.server.counters import Counters
-from arbiterd.server.identity import IdentityResolver
+from arbiterd.server.identity import Identity, IdentityResolver
 from arbiterd.server.persist import StateStore
 from libcgpu_client.protocol import Grant, Message, Revoke
 
@@ -44,7 +45,7 @@ class Peer(Protocol):
 
 def new_arbiter(cfg: Config, gpus: list[GpuInfo], now: int) -> Arbiter:
     acfg = ArbiterConfig(trust_client_env=cfg.trust_client_env, default_memsize=default_memsize(cfg),
-                         linger_ns=cfg.linger_s * NS_PER_S)
+                         linger_ns=cfg.linger_s * NS_PER_S, allocations=cfg.allocations)
     return Arbiter(gpus, acfg, {g.index: cfg.gpu_settings() for g in gpus}, now)
 
 
@@ -127,6 +128,29 @@ class Hub:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    # ------------------------------------------------------ allocations
+    def bind(self, pid: int, ident: Identity) -> binding.Bound | None:
+        """Bind the allocations whose tokens process ``pid`` holds (allocations on); None if none apply.
+
+        Tried on a copy first, so a refusal changes nothing; a change is saved.
+        """
+        if self.arbiter.config.allocations == "off":
+            return None
+        mount = self.config.alloc_mount
+        scan = tokens.scan(self.config.proc_root, pid, mount) if ident.container else tokens.TokenScan()
+        for why in scan.skipped:
+            log.warning("container %s (pid %d): allocation token not used: %s", ident.instance, pid, why)
+        who = binding.Claimant(ident.instance, ident.container, ident.pod, frozenset(scan.digests), mount)
+        now = time.monotonic_ns()
+        binding.bind(copy.deepcopy(self.arbiter), who, now)
+        bound = binding.bind(self.arbiter, who, now)
+        if bound is not None and bound.changed:
+            log.info("container %s (pid %d): bound allocation(s) %s on GPU %s", ident.instance, pid,
+                     ", ".join(bound.allocations), ",".join(map(str, bound.gpus)))
+            self.save_state()
+            self.apply(bound.effects)
+        return bound
 
     # ------------------------------------------------------------ admin
     def admin_write(self, path: str, value: str) -> None:

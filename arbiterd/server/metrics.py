@@ -32,6 +32,10 @@ class ArbiterCollector(Collector):
                     for name, s in GPU.items() if s.kind != "auto"}
         free_w = GaugeMetricFamily("cgpu_gpu_free_weight", "max_inst minus the sum of weights", labels=g_)
         total = GaugeMetricFamily("cgpu_gpu_memory_total_bytes", "Device memory", labels=g_)
+        alloc_mem = GaugeMetricFamily("cgpu_gpu_allocated_memory_bytes", "Memory held by allocations (alloc_ctl)",
+                                      labels=g_)
+        alloc_core = GaugeMetricFamily("cgpu_gpu_allocated_core_percent", "GPU-core percent held by allocations",
+                                       labels=g_)
         grants = CounterMetricFamily("cgpu_grants", "Leases granted", labels=g_)
         revokes = CounterMetricFamily("cgpu_revocations", "Leases revoked", labels=g_)
         overruns = CounterMetricFamily("cgpu_overruns", "Leases cut off after overrunning their deadline "
@@ -54,6 +58,8 @@ class ArbiterCollector(Collector):
                 family.add_metric(lg, float(g.settings[name]))
             free_w.add_metric(lg, g.free_weight)
             total.add_metric(lg, g.total_mem)
+            alloc_mem.add_metric(lg, g.alloc_mem)
+            alloc_core.add_metric(lg, g.alloc_core)
             slice_s.add_metric(lg, g.slice_effective_ms / 1e3)
             meter = self.hub.arbiter.scheds[g.index].handover
             acc, buckets = 0, []
@@ -72,8 +78,8 @@ class ArbiterCollector(Collector):
                 inst["highprio"].add_metric(li, i.highprio)
                 used.add_metric(li, i.mem_used)
                 limit.add_metric(li, i.mem_limit)
-        yield from (busy, *settings.values(), slice_s, handover, free_w, total, grants, revokes, overruns, held,
-                    useful, *inst.values(), used, limit)
+        yield from (busy, *settings.values(), slice_s, handover, free_w, total, alloc_mem, alloc_core, grants,
+                    revokes, overruns, held, useful, *inst.values(), used, limit)
         c = self.hub.counters
         yield HistogramMetricFamily(
             "cgpu_grant_latency_seconds", "Time from acquire to grant",

@@ -55,6 +55,7 @@ def _apply_options(hub: Hub, old: Config, new: Config) -> None:
     acfg = hub.arbiter.config
     acfg.trust_client_env = new.trust_client_env
     acfg.linger_ns = new.linger_s * NS_PER_S
+    acfg.allocations = new.allocations
     if new.default_memsize != old.default_memsize:
         hub.arbiter.set_global("default_memsize", config_mod.default_memsize(new))
     hub.identity = IdentityResolver(new.identity, new.proc_root)

@@ -91,6 +91,8 @@ class GpuStatus:
     grants: int
     revocations: int
     overruns: int
+    alloc_mem: int  # bytes held by allocations (alloc_ctl)
+    alloc_core: int  # percent held by allocations
     instances: list[InstanceStatus] = field(default_factory=list)
 
 
@@ -104,7 +106,9 @@ class DaemonStatus:
     state_file: str
     state_problem: str | None
     upgrade: int
+    allocations_mode: str
     gpus: list[GpuStatus]
+    allocations: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -135,7 +139,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             {name: s.external(getattr(sched.settings, name)) for name, s in GPU.items()},
             sched.slice_ns / 1e6, sched.handover.expected / 1e6,
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
-            sched.stats.overruns,
+            sched.stats.overruns, arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index),
         )
         for rec in records:
             st = sched.instances[rec.name]
@@ -151,4 +155,5 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             ))
         out.append(gs)
     return DaemonStatus(__version__, os.getpid(), round(time.time() - started_at, 3), describe(), clients,
-                        state_file, state_problem, arb.globals.upgrade, out)
+                        state_file, state_problem, arb.globals.upgrade, arb.config.allocations, out,
+                        [a.to_json() for a in arb.allocations])

@@ -2,7 +2,7 @@
 
     python -m arbiterd.tools.manpages man/
 
-writes ``arbiterd.8``, ``cgpuctl.8``, ``cgpu-smi.1`` and ``cgpu-run.1``. The
+writes ``arbiterd.8``, ``cgpuctl.8``, ``cgpu-smi.1``, ``cgpu-run.1`` and ``cgpu-device-plugin.8``. The
 pages are committed under ``man/`` and installed with the package; a test
 regenerates them and compares, so they cannot drift from the code.
 """
@@ -19,7 +19,7 @@ from arbiterd import __version__
 from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
 from arbiterd.core.tree import GPU_READONLY, INSTANCE_READONLY
 
-SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1))
+SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1), ("cgpu-device-plugin", 8))
 DATE = "2026-11"  # changes with the version, not with every build, so the pages are reproducible
 
 
@@ -148,6 +148,24 @@ def _run_extra() -> str:
                                             ("127", "CMD cannot be run"), ("other", "CMD's own status")]))
 
 
+def _plugin_extra() -> str:
+    return (".SH RESOURCES\n" + _table([("aliyun.com/gpu-mem", "one device per GiB of each card"),
+                                        ("aliyun.com/gpu-core.percentage", "one device per percent of each card "
+                                         "(requests in multiples of 5)")])
+            + ".SH FILES\n" + _table([("/etc/cgpu/cgpu-device-plugin.toml", "the config file (--config)"),
+                                      ("/var/lib/kubelet/device-plugins/kubelet.sock", "the kubelet it registers "
+                                       "with; it serves cgpu-mem.sock and cgpu-core.sock beside it"),
+                                      ("/var/lib/cgpu/alloc", "allocation tokens (root only) and state.json")])
+            + _para("See docs/kubernetes.md for what a pod gets, and SECURITY.md for how an allocation is bound "
+                    "to its container."))
+
+
+def _plugin_parser() -> argparse.ArgumentParser:
+    from cgpu_device_plugin.main import build_parser
+
+    return build_parser()
+
+
 def _arbiterd_parser() -> argparse.ArgumentParser:
     from arbiterd.main import build_parser
 
@@ -178,6 +196,8 @@ PAGES = (
     Page("cgpuctl", 8, "read and write arbiterd's settings tree", _cgpuctl_parser, _cgpuctl_extra),
     Page("cgpu-smi", 1, "show arbiterd's GPUs, instances and shares", _smi_parser, _smi_extra),
     Page("cgpu-run", 1, "run a program under the cgpu interposer", _run_parser, _run_extra),
+    Page("cgpu-device-plugin", 8, "sell GPU memory and GPU-core percentages to Kubernetes pods",
+         _plugin_parser, _plugin_extra),
 )
 
 

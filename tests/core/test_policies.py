@@ -6,6 +6,8 @@ ops really ran; tolerance 0.5 percentage points unless stated.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Grant, Revoke
@@ -335,3 +337,20 @@ def test_late_registration_after_a_long_extended_lease_keeps_exact_shares(policy
     for n in "AB":
         held[n] = sched.held_ns(n, now) - start[n]
     assert held["B"] / held["A"] == pytest.approx(2.0, rel=0.01)
+
+
+@pytest.mark.parametrize(("weights", "max_inst"), [((6, 9), 20), ((3,), 10), ((1, 2, 3, 4), 10), ((20,), 20)])
+def test_policy3_spreads_each_instances_slots_over_the_ring(weights: tuple[int, ...], max_inst: int) -> None:
+    """Weight w owns w slots, never two turns further apart than ceil(max_inst / w) + 1 slots, so
+    the cap holds over any few slices; the idle slots are spread the same way."""
+    from arbiterd.core.policies.ring import FixedCore
+
+    members = [(SimpleNamespace(name=f"i{n}"), w) for n, w in enumerate(weights)]
+    runs = FixedCore.layout(None, members, max_inst - sum(weights))  # type: ignore[arg-type]
+    slots = [owner for owner, n in runs for _ in range(n)]
+    assert len(slots) == max_inst
+    for inst, w in members:
+        at = [i for i, owner in enumerate(slots) if owner is inst]
+        assert len(at) == w
+        gaps = [(b - a) % max_inst or max_inst for a, b in zip(at, at[1:] + at[:1], strict=True)]
+        assert max(gaps) <= -(-max_inst // w) + 1, (weights, gaps)

@@ -1,7 +1,7 @@
 """The fake kubelet's containers are real enough for arbiterd: it identifies them by their fake /proc.
 
-Today's arbiterd (no allocation support yet) serves the client socket; the plugin runs on
-the fake admin API. This checks the harness the end-to-end tests stand on.
+arbiterd (allocations off) serves the client socket; the plugin runs on the fake admin API.
+This checks the harness the end-to-end tests stand on.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from cgpu_device_plugin import config as plugin_config
 from tests.helpers import ROOT
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
-NEW_ARBITERD_KEYS = {"allocations", "alloc_mount"}  # arbiterd's allocation support adds these
 
 yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate (test extra)")
 
@@ -47,14 +46,14 @@ def test_the_plugin_config_in_the_configmap_is_valid() -> None:
     assert cfg.alloc_mount == tomllib.loads(by_kind("ConfigMap")["data"]["arbiterd.toml"])["alloc_mount"]
 
 
-def test_the_arbiterd_config_in_the_configmap_is_valid_but_for_the_new_keys() -> None:
+def test_the_arbiterd_config_in_the_configmap_is_valid() -> None:
     from arbiterd.server import config as arbiterd_config
 
     data = tomllib.loads(by_kind("ConfigMap")["data"]["arbiterd.toml"])
     assert data["identity"] == "cgroup" and data["allocations"] == "required"
     assert data["alloc_mount"] == "/run/cgpu-alloc"
-    _, errors = arbiterd_config.from_mapping(data)
-    assert set(errors) <= {f"{k}: unknown setting" for k in NEW_ARBITERD_KEYS}
+    cfg, errors = arbiterd_config.from_mapping(data)
+    assert errors == [] and cfg.allocations == "required"
 
 
 def test_the_plugin_sees_every_host_path_at_the_same_path() -> None:

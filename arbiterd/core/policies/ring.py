@@ -1,8 +1,11 @@
 """Policies 0 and 3: a fixed ring of ``max_inst`` slots turned by the clock.
 
 * 0, fixed: each instance owns one slot.
-* 3, fixed core: an instance of weight w owns w consecutive slots, a hard cap of
-  w / max_inst of the GPU whether or not it is otherwise idle.
+* 3, fixed core: an instance of weight w owns w slots, a hard cap of w / max_inst
+  of the GPU whether or not it is otherwise idle. The slots are spread over the
+  ring (smooth weighted round robin, idle slots included), so a 30 % instance
+  waits a few slices between turns rather than most of a ring, and the cap holds
+  over any window of a few slices, not only over whole rings.
 
 Unowned slots, and slots whose owner has no work, leave the GPU idle. An owner
 that overruns its segment owes the overrun (``debt_ns``), which is taken off its
@@ -32,21 +35,32 @@ class Ring(Policy):
     def changed(self, now: int) -> None:
         self.dirty = True
 
+    def layout(self, members: list[tuple[InstanceState, int]], idle: int) -> list[tuple[InstanceState | None, int]]:
+        """The ring's order: (owner, slots) runs; here each member's slots together, then the idle ones."""
+        return [*members, (None, idle)] if idle else list(members)
+
     def rebuild(self, now: int) -> None:
         gpu = self.gpu
         current = self.segments[self.idx][0] if self.segments else None
-        segs: list[tuple[InstanceState | None, int]] = []
+        members: list[tuple[InstanceState, int]] = []
         used = 0
-        ext = gpu.extension_ns  # an owned segment holds its slots' useful time, plus its hand-over
         for inst in sorted(gpu.normal_members(), key=lambda i: i.order):
             n = self.slots(inst)
             if used + n > gpu.settings.max_inst:
                 break
-            segs.append((inst, n * gpu.slice_ns + ext))
+            members.append((inst, n))
             used += n
-        idle = (gpu.settings.max_inst - used) * gpu.slice_ns - ext * len(segs)
-        if idle > 0:
-            segs.append((None, idle))
+        runs = self.layout(members, gpu.settings.max_inst - used)
+        # an owned segment holds its slots' useful time plus its hand-over, taken from the idle slots
+        ext = gpu.extension_ns
+        idle_slots = sum(n for owner, n in runs if owner is None)
+        taken = ext * sum(1 for owner, _ in runs if owner is not None)
+        segs: list[tuple[InstanceState | None, int]] = []
+        for owner, n in runs:
+            if owner is not None:
+                segs.append((owner, n * gpu.slice_ns + ext))
+            elif (length := n * gpu.slice_ns - taken * n // idle_slots) > 0:
+                segs.append((None, length))
         had_segments = bool(self.segments)
         self.segments = segs
         self.dirty = False
@@ -118,3 +132,21 @@ class Fixed(Ring):
 class FixedCore(Ring):
     number = 3
     name = "fixed-core"
+
+    def layout(self, members: list[tuple[InstanceState, int]], idle: int) -> list[tuple[InstanceState | None, int]]:
+        """Every slot its own turn, spread evenly: smooth weighted round robin, the idle slots a member too."""
+        entries: list[tuple[InstanceState | None, int]] = [*members, (None, idle)] if idle else list(members)
+        total = sum(n for _, n in entries)
+        credit = [0] * len(entries)
+        runs: list[tuple[InstanceState | None, int]] = []
+        for _ in range(total):
+            for i, (_, n) in enumerate(entries):
+                credit[i] += n
+            best = max(range(len(entries)), key=lambda i: credit[i])
+            credit[best] -= total
+            owner = entries[best][0]
+            if runs and runs[-1][0] is owner:
+                runs[-1] = (owner, runs[-1][1] + 1)
+            else:
+                runs.append((owner, 1))
+        return runs

@@ -1,0 +1,142 @@
+"""Allocations: GPU memory and GPU-core percentages sold to containers by a trusted party.
+
+A device plugin (or an operator) creates an allocation through ``alloc_ctl``
+before its container starts: an id, the card(s), memory per card and/or a core
+percentage, and the SHA-256 of a secret token that only that container can read
+(a file mounted into it). arbiterd never sees the token itself. When a process
+of the container registers, the daemon reads the token through the process's
+``/proc/<pid>/root`` and *binds* the allocation to that container; from then on
+the allocation is the container's settings, whatever its environment says.
+
+The book only keeps the records and refuses what would overcommit a card; the
+binding rules are in :mod:`arbiterd.core.binding`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
+
+ALLOC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+CORE_TOTAL = 100  # a card's compute, in percent
+
+
+@dataclass(slots=True)
+class Allocation:
+    """One allocation: memory per card (bytes; 0 = none) and a core percentage on its card(s)."""
+
+    id: str
+    digest: str  # SHA-256 (hex) of the token's stripped text
+    gpus: tuple[int, ...]
+    memsize: tuple[int, ...]  # one per GPU, bytes
+    core: int = 0  # percent of each of its GPUs
+    bound: str | None = None  # the instance (container) it is bound to
+    pod: str | None = None  # that container's pod UID, when it has one
+
+    def mem_on(self, gpu: int) -> int:
+        return sum(m for g, m in zip(self.gpus, self.memsize, strict=True) if g == gpu)
+
+    def line(self) -> str:
+        """The ``alloc_ctl`` listing line."""
+        return (f"{self.id} gpu={','.join(map(str, self.gpus))} memsize={','.join(map(str, self.memsize))} "
+                f"core={self.core} bound={self.bound or '-'}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "gpus": list(self.gpus), "memsize": list(self.memsize), "core": self.core,
+                "bound": self.bound}
+
+
+def valid_alloc_id(name: str) -> str:
+    if not ALLOC_ID.match(name):
+        raise SettingError(f"invalid allocation id {name!r}: use 1-128 of A-Z a-z 0-9 _ . - "
+                           "(not starting with . - _)")
+    return name
+
+
+def valid_digest(text: str) -> str:
+    if not DIGEST.match(text):
+        raise SettingError("token= must be the SHA-256 of the token, 64 lowercase hex digits")
+    return text
+
+
+class AllocationBook:
+    """Every allocation of the node, by id and by token digest."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Allocation] = {}
+
+    def __iter__(self) -> Any:
+        return iter(sorted(self.by_id.values(), key=lambda a: a.id))
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def get(self, alloc_id: str) -> Allocation:
+        try:
+            return self.by_id[alloc_id]
+        except KeyError:
+            raise NotFoundError(f"no allocation {alloc_id}") from None
+
+    def by_digest(self, digests: Iterable[str]) -> list[Allocation]:
+        """The allocations whose token digest is among ``digests``, by id."""
+        want = set(digests)
+        return [a for a in self if a.digest in want]
+
+    def bound_to(self, instance: str) -> list[Allocation]:
+        return [a for a in self if a.bound == instance]
+
+    def alloc_mem(self, gpu: int) -> int:
+        """Bytes of ``gpu`` held by allocations."""
+        return sum(a.mem_on(gpu) for a in self.by_id.values())
+
+    def alloc_core(self, gpu: int) -> int:
+        """Percent of ``gpu`` held by allocations."""
+        return sum(a.core for a in self.by_id.values() if gpu in a.gpus)
+
+    def create(self, alloc: Allocation, totals: Mapping[int, int]) -> None:
+        """Add ``alloc``; raise ConflictError if its id or token exists or a card would be overcommitted.
+
+        ``totals``: each GPU's memory in bytes.
+        """
+        if alloc.id in self.by_id:
+            raise ConflictError(f"allocation {alloc.id} exists")
+        if any(a.digest == alloc.digest for a in self.by_id.values()):
+            raise ConflictError(f"allocation {alloc.id}: another allocation has the same token")
+        for gpu in alloc.gpus:
+            mem, held = alloc.mem_on(gpu), self.alloc_mem(gpu)
+            if held + mem > totals[gpu]:
+                raise ConflictError(f"GPU {gpu}: memsize {mem} would overcommit it ({held} of {totals[gpu]} "
+                                    "bytes allocated)")
+            core = self.alloc_core(gpu)
+            if core + alloc.core > CORE_TOTAL:
+                raise ConflictError(f"GPU {gpu}: core={alloc.core} would overcommit it ({core} % allocated)")
+        self.by_id[alloc.id] = alloc
+
+    def remove(self, alloc_id: str) -> Allocation:
+        alloc = self.get(alloc_id)
+        del self.by_id[alloc_id]
+        return alloc
+
+    # ------------------------------------------------------------ state file
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [{**a.to_json(), "token": a.digest, "pod": a.pod} for a in self]
+
+    def restore(self, items: list[Any], totals: Mapping[int, int]) -> list[str]:
+        """Re-create saved allocations; those naming a GPU this host lacks are skipped (warnings)."""
+        warnings = []
+        for item in items:
+            gpus = tuple(int(g) for g in item["gpus"])
+            if any(g not in totals for g in gpus):
+                warnings.append(f"state: allocation {item['id']} names a GPU this host lacks; dropped")
+                continue
+            bound, pod = item.get("bound"), item.get("pod")
+            self.create(Allocation(valid_alloc_id(str(item["id"])), valid_digest(str(item["token"])), gpus,
+                                   tuple(int(m) for m in item["memsize"]), int(item["core"]),
+                                   str(bound) if bound is not None else None, str(pod) if pod is not None else None),
+                        totals)
+        return warnings

@@ -1,0 +1,78 @@
+"""``alloc_ctl``: creating and removing allocations through the settings tree.
+
+    create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P]
+    remove ID
+
+``token`` is the SHA-256 (hex) of the token the container will hold; ``memsize``
+is per GPU (the last repeats); ``core`` a percentage of each GPU, a multiple
+of 5. At least one of ``memsize`` and ``core``. A create that would overcommit
+a card's memory or core, or whose id or token exists, is refused (409).
+Removing a bound allocation re-provisions its container. Reading the file
+lists the allocations, one a line:
+``ID gpu=0 memsize=BYTES core=P bound=<container|->``.
+"""
+
+from __future__ import annotations
+
+from arbiterd.core import binding
+from arbiterd.core.allocations import Allocation, valid_alloc_id, valid_digest
+from arbiterd.core.arbiter import Arbiter
+from arbiterd.core.effects import Effect
+from arbiterd.core.errors import ConflictError, SettingError
+from arbiterd.core.instctl import parse_gpus
+from arbiterd.core.settings import INSTANCE, parse_size
+
+USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P]' "
+         "or 'remove ID'")
+_CREATE_KEYS = ("token", "gpu", "memsize", "core")
+
+
+def listing(arb: Arbiter) -> str:
+    return "".join(a.line() + "\n" for a in arb.allocations)
+
+
+def _create(arb: Arbiter, alloc_id: str, words: list[str]) -> None:
+    if arb.config.allocations == "off":
+        raise ConflictError("alloc_ctl: allocations are off in this daemon (start it with --allocations "
+                            "optional or required)")
+    opts: dict[str, str] = {}
+    for word in words:
+        key, sep, val = word.partition("=")
+        if not sep or key not in _CREATE_KEYS or key in opts:
+            raise SettingError(f"alloc_ctl create: unexpected {word!r}")
+        opts[key] = val
+    if "token" not in opts or "gpu" not in opts:
+        raise SettingError("alloc_ctl create: token= and gpu= are required")
+    digest = valid_digest(opts["token"])
+    gpus = parse_gpus(arb, opts["gpu"])
+    if len(set(gpus)) != len(gpus):
+        raise SettingError(f"alloc_ctl create: gpu={opts['gpu']} names a GPU twice")
+    sizes = [parse_size("memsize", m) for m in opts["memsize"].split(",")] if "memsize" in opts else []
+    if len(sizes) > len(gpus) or any(m <= 0 for m in sizes):
+        raise SettingError(f"alloc_ctl create: memsize={opts['memsize']}: one positive size per GPU")
+    sizes += [sizes[-1] if sizes else 0] * (len(gpus) - len(sizes))
+    core = INSTANCE["core_percent"].parse(opts["core"]) if "core" in opts else 0
+    if not any(sizes) and not core:
+        raise SettingError("alloc_ctl create: give memsize= or core= (or both)")
+    if core and len(gpus) > 1:
+        raise SettingError("alloc_ctl create: core= is a percentage of one GPU; give one gpu=")
+    totals = {g: arb.gpus[g].total_mem for g in gpus}
+    arb.allocations.create(Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core), totals)
+
+
+def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
+    """Carry out one ``alloc_ctl`` command."""
+    words = command.split()
+    if len(words) < 2 or words[0] not in ("create", "remove"):
+        raise SettingError(USAGE)
+    verb, alloc_id, rest = words[0], valid_alloc_id(words[1]), words[2:]
+    if verb == "create":
+        _create(arb, alloc_id, rest)
+        return []
+    if rest:
+        raise SettingError("alloc_ctl remove: takes only an id")
+    alloc = arb.allocations.remove(alloc_id)
+    return binding.reprovision(arb, alloc.bound, now) if alloc.bound else []
+
+
+__all__ = ["USAGE", "listing", "run"]

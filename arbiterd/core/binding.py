@@ -1,0 +1,133 @@
+"""Binding allocations to the container that presents their tokens, and provisioning it from them.
+
+With ``allocations`` on (``optional`` or ``required``), a registering process
+is a :class:`Claimant`: its instance (container) id, its pod, and the digests
+of the tokens found in its own filesystem (the server reads them; the core
+never does I/O). :func:`bind` then decides:
+
+* the first container to present an allocation's token binds it;
+* another container presenting it is refused, unless it belongs to the same
+  pod and the bound container has no client left (the kubelet restarted a
+  crashed container under a new id, and never calls the plugin again);
+* memory and core of one container must be on the same GPU(s);
+* with ``required``, a process in a container that presents no valid token
+  is refused (processes outside containers are the host's, and pass).
+
+A bound container's instance records are provisioned from its allocations
+(memory per GPU; a core percentage as weight P/5), so its environment changes
+nothing. :func:`reprovision` keeps them in step when allocations come and go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from arbiterd.core.allocations import Allocation
+from arbiterd.core.arbiter import Arbiter
+from arbiterd.core.effects import Effect
+from arbiterd.core.errors import IdentityError
+from arbiterd.core.settings import InstanceSettings
+
+log = logging.getLogger("arbiterd.core")
+MODES = ("off", "optional", "required")
+
+
+@dataclass(frozen=True, slots=True)
+class Claimant:
+    """A registering process, as far as allocations are concerned."""
+
+    instance: str
+    container: str | None  # the container id, None for a process outside containers
+    pod: str | None = None  # the pod UID from its cgroup, when it has one
+    digests: frozenset[str] = frozenset()  # SHA-256 of each token it presented
+    where: str = "/run/cgpu-alloc"  # where it was looked for, for messages
+
+
+@dataclass(slots=True)
+class Bound:
+    """The outcome of a bind: the container's GPUs and what changed."""
+
+    gpus: list[int]
+    allocations: list[str]
+    changed: bool
+    effects: list[Effect] = field(default_factory=list)
+
+
+def settings_of(allocs: Iterable[Allocation]) -> dict[int, InstanceSettings]:
+    """Per GPU, the instance settings that ``allocs`` add up to."""
+    mem: dict[int, int] = defaultdict(int)
+    core: dict[int, int] = defaultdict(int)
+    for a in allocs:
+        for gpu, m in zip(a.gpus, a.memsize, strict=True):
+            mem[gpu] += m
+            core[gpu] += a.core
+    return {gpu: InstanceSettings(core_percent=core[gpu], memsize=mem[gpu]) for gpu in sorted(mem)}
+
+
+def in_use(arb: Arbiter, instance: str) -> bool:
+    """Whether any client is registered as ``instance``."""
+    return any(r.clients for (_, name), r in arb.records.items() if name == instance)
+
+
+def reprovision(arb: Arbiter, instance: str, now: int) -> list[Effect]:
+    """Make ``instance``'s provisioned records what its bound allocations say (none: dropped)."""
+    want = settings_of(arb.allocations.bound_to(instance))
+    have = [g for (g, name), r in arb.records.items() if name == instance and r.provisioned]
+    effects = arb.drop_records(instance, [g for g in have if g not in want], now)
+    if want:
+        effects += arb.provision_each(instance, want, now)
+    return effects
+
+
+def _check_one_gpu(allocs: list[Allocation]) -> None:
+    mem = sorted({g for a in allocs for g, m in zip(a.gpus, a.memsize, strict=True) if m})
+    core = sorted({g for a in allocs if a.core for g in a.gpus})
+    if mem and set(core) - set(mem):
+        raise IdentityError(
+            f"allocations {', '.join(a.id for a in allocs)} put memory on GPU {','.join(map(str, mem))} and "
+            f"GPU-core on GPU {','.join(map(str, core))}: a container's memory and core must be on the same GPU")
+
+
+def bind(arb: Arbiter, who: Claimant, now: int) -> Bound | None:
+    """Bind the allocations ``who`` presents; None when none apply. Raises IdentityError when refused.
+
+    Not atomic when provisioning is refused (a card's weights are full): the
+    caller tries it on a copy of the arbiter first, as admin writes do.
+    """
+    mode = arb.config.allocations
+    if mode == "off":
+        return None
+    allocs = arb.allocations.by_digest(who.digests)
+    if not allocs:
+        if mode == "required" and who.container is not None:
+            what = ("the token(s) there match no allocation of this node" if who.digests
+                    else "none was found there")
+            raise IdentityError(f"container {who.instance}: no valid allocation token under {who.where} ({what}); "
+                                "this node requires an allocation (from cgpu-device-plugin) for every container")
+        return None
+    takeover = set()
+    for a in allocs:
+        if a.bound is None or a.bound == who.instance:
+            continue
+        if who.pod is not None and a.pod == who.pod and not in_use(arb, a.bound):
+            takeover.add(a.bound)  # a restarted container of the same pod
+            continue
+        raise IdentityError(f"allocation {a.id} is bound to another container ({a.bound}); container "
+                            f"{who.instance} may not use it")
+    _check_one_gpu(allocs)
+    gpus = sorted({g for a in allocs for g in a.gpus})
+    changed = any(a.bound != who.instance for a in allocs) or any((g, who.instance) not in arb.records
+                                                                   for g in gpus)
+    effects: list[Effect] = []
+    if changed:
+        for a in allocs:
+            a.bound, a.pod = who.instance, who.pod
+        for old in sorted(takeover):
+            log.info("allocations of container %s pass to %s of the same pod (%s has no client left)",
+                     old, who.instance, old)
+            effects += reprovision(arb, old, now)
+        effects += reprovision(arb, who.instance, now)
+    return Bound(gpus, [a.id for a in allocs], changed, effects)
