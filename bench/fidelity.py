@@ -75,6 +75,28 @@ def rate(ends: list[int], t0: int, t1: int) -> float:
     return sum(1 for t in ends if t0 <= t < t1) / ((t1 - t0) / 1e9)
 
 
+def account(books: dict[str, float], ts: Any, row: Row, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """Add what the daemon says of one contended run: each tenant's entitled, delivered and error seconds.
+
+    (The daemon's view: useful time it granted, against the share its policy owed, while the tenant had
+    demand; the row's share columns are the tenants' own view, their operation rates.)
+    """
+    def of(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+        return {i["id"]: i for i in doc["gpus"][0]["instances"]}
+
+    b, a = of(before), of(after)
+    books["span"] = books.get("span", 0.0) + after["uptime_seconds"] - before["uptime_seconds"]
+    for t in row.tenants:
+        inst = ts.instance(t.name)
+        if inst not in a:
+            continue
+        d = {k: a[inst][k] - b.get(inst, {}).get(k, 0.0) for k in ("entitled_seconds", "delivered_seconds",
+                                                                    "owed_seconds")}
+        for key, v in (("entitled_pct", d["entitled_seconds"]), ("delivered_pct", d["delivered_seconds"]),
+                       ("error_pp", d["delivered_seconds"] - d["owed_seconds"])):
+            books[f"{t.name}.{key}"] = books.get(f"{t.name}.{key}", 0.0) + v
+
+
 def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
     """One row: cycles of each busy tenant alone then all of them under the row's policy, and alone again.
 
@@ -85,6 +107,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     for key, value in {**ROW_DEFAULTS, **row.settings}.items():
         daemon.set(f"0/{key}", value)
     busy = [t for t in row.tenants if t.busy]
+    books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
     alone_spans: list[dict[str, tuple[int, int]]] = []
     runs: list[tuple[int, int, dict[str, int]]] = []
     with tenants_of(row) as ts:
@@ -106,8 +129,11 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
             for name in sorted(weights, key=lambda n: weights[n]):  # lower first: the sum stays <= max_inst
                 daemon.set(f"0/{ts.instance(name)}/weight", str(weights[name]))
             daemon.set("0/policy", str(row.policy))
+            before = daemon.status()
             t0, t1 = ts.run([t.name for t in busy], args.contended)
-            gpu = daemon.status()["gpus"][0]
+            after = daemon.status()
+            gpu = after["gpus"][0]
+            account(books, ts, row, before, after)
             runs.append((t0, t1, weights))
             alone()
         ends = {t.name: ts.ends(t.name) for t in busy}
@@ -136,6 +162,8 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
         "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
                      "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
                      "error_pp": round(shares[t.name] - t.target, 2),
+                     **{f"daemon_{k}": round(100 * books.get(f"{t.name}.{k}", 0.0) / books["span"], 2)
+                        for k in ("entitled_pct", "delivered_pct", "error_pp")},
                      "cycles_pct": [round(x, 1) for x in by_role.get(t.name, [])]} for t in row.tenants],
         "aggregate_pct": round(sum(shares[t.name] for t in busy), 2),
     }
@@ -167,7 +195,9 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
                          f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f} | {t['name']}"
                          f" (w{t['weight']}){' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
-                         f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} |")
+                         f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} | "
+                         f"{t['daemon_entitled_pct']:.1f} | {t['daemon_delivered_pct']:.1f} | "
+                         f"{t['daemon_error_pp']:+.1f} |")
     return lines
 
 
@@ -231,10 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         head = ["Daemon at its defaults (`--sim-gpus 1x16GiB --identity declared`: slice_ms auto, "
                 "handover_target_pct 2, policy set per row through the tree); the pinned row sets slice_ms 5. "
                 "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
-                "in the same run; window: whole rounds after a warm-up.", "",
+                "in the same run; window: whole rounds after a warm-up. The last three columns are the daemon's "
+                "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err): "
+                "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
+                "tenant had demand), in points.", "",
                 "| tenants | row | policy | settings | slice in force / hand-over (ms) | tenant | target % | "
-                "share % | error pp | sum % | ratio |",
-                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp |",
+                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
         summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
         results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")

@@ -170,7 +170,7 @@ class Arbiter:
             )
             log.warning("%s", msg)
             warnings.append(msg)
-        effects += sched.add_instance(name, weight, bool(s.highprio), now)
+        effects += sched.add_instance(name, weight, bool(s.highprio), now, requested=s.weight)
         rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now)
         self.records[(gpu, name)] = rec
         rec.ledger.limit = self.mem_limit(rec)

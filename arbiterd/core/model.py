@@ -28,10 +28,14 @@ class InstanceState:
     weight: int
     highprio: bool
     order: int
+    requested: int = 0  # the weight it asked for (more than its weight when free_weight ran out)
     vruntime: int = 0
     debt_ns: int = 0
     held_ns: int = 0  # grant to release, as the daemon saw it
     useful_ns: int = 0  # what it was billed: held time less each lease's hand-over
+    entitled_ns: float = 0.0  # its entitled share, integrated over time (entitlement.py)
+    owed_ns: float = 0.0  # the same, only while it had demand
+    demand_ns: int = 0  # time it had demand
     grants: int = 0
     served: int = 0  # sequence number of its last grant: ties go to the least recently served
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
@@ -78,6 +82,7 @@ class GpuStats:
     overruns: int = 0
     late_releases: int = 0
     busy_ns: int = 0
+    revoked: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REVOKE_REASONS, 0))  # by reason
 
 
 class GpuState:
@@ -160,6 +165,7 @@ class GpuState:
             return []
         lease.revoked_ns = now
         self.stats.revocations += 1
+        self.stats.revoked[reason] += 1
         return [Revoke(c, self.index, lease.id, reason) for c in sorted(lease.clients)]
 
     def charge_vtime(self, inst: InstanceState, ns: int, weight: int) -> None:

@@ -20,10 +20,12 @@ deadline (or a revoke) is cut off, charged up to then and counted.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Collection
 
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.entitlement import Entitlement
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
 from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
 from arbiterd.core.policies import NATIVE, HighPriority, Policy, make_policy
@@ -40,6 +42,7 @@ class GpuScheduler(GpuState):
         self._client_inst: dict[int, InstanceState] = {}
         self.hp = HighPriority(self, now)
         self.policy: Policy = make_policy(settings.policy, self, now)
+        self.ent = Entitlement(now)
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
@@ -79,39 +82,76 @@ class GpuScheduler(GpuState):
         return self.stats.busy_ns + extra
 
     def entitled(self, active: Collection[str]) -> dict[str, float]:
-        """The share of GPU time each instance is owed while the instances ``active`` have demand."""
+        """The share of GPU time each instance is owed while the instances ``active`` have demand.
+
+        Work-conserving policies (1, 4, 5) divide the GPU among the instances with
+        demand; on 0, 2 and 3 an idle instance keeps its share (its turns pass idle).
+        An instance with demand but weight 0 (free_weight had run out) is entitled to
+        what its requested weight would give it: it is starved, and shows as such.
+        """
         out = dict.fromkeys(self.instances, 0.0)
         live = [i for i in self.instances.values() if i.weight > 0]
+        starved = [i for i in self.instances.values() if i.weight == 0 and i.requested > 0 and i.name in active]
         if self.policy.concurrent:
             out.update(self.policy.shares(live, active, 1.0))
+            out.update({i.name: 1.0 for i in starved})
             return out
         normals = [i for i in live if not i.highprio]
         hp, rest = self.hp.shares(active, self.policy.conserving, any(i.name in active for i in normals))
         out.update(hp)
         out.update(self.policy.shares(normals, active, rest))
+        for inst in starved:
+            ghost = dataclasses.replace(inst, weight=min(inst.requested, self.settings.max_inst))
+            if inst.highprio:
+                hp_as, _ = self.hp.shares(active, self.policy.conserving, True, extra=ghost)
+                out[inst.name] = hp_as.get(inst.name, 0.0)
+            else:
+                out[inst.name] = self.policy.shares([*normals, ghost], active, rest)[inst.name]
         return out
+
+    def entitlement(self, name: str, now: int) -> tuple[float, float, int]:
+        """``name``'s (entitled, owed, demand) ns so far (see entitlement.py)."""
+        return self.ent.pending(self._inst(name), now)
+
+    def _reshare(self, now: int) -> None:
+        """Demand or a setting changed: close the integrals under the old shares, compute the new ones."""
+        self.ent.accrue(self.instances, now)
+        active = frozenset(n for n in self.instances if self.has_demand(n))
+        self.ent.active = active
+        self.ent.shares = {n: s for n, s in self.entitled(active).items() if s}
+
+    def _resharing(self, effects: list[Effect], now: int) -> list[Effect]:
+        self._reshare(now)
+        return effects
+
+    def _touched(self, inst: InstanceState | None, now: int) -> None:
+        """``inst`` may have gained or lost demand: reshare if it did."""
+        if inst is not None and self.has_demand(inst.name) != (inst.name in self.ent.active):
+            self._reshare(now)
 
     def has_demand(self, name: str) -> bool:
         inst = self._inst(name)
         return bool(inst.waiters) or any(lease.inst is inst for lease in self.holders())
 
     # -------------------------------------------------------------- instances
-    def add_instance(self, name: str, weight: int, highprio: bool, now: int) -> list[Effect]:
-        """Register an instance. ``weight`` 0 means it never gets GPU time."""
+    def add_instance(self, name: str, weight: int, highprio: bool, now: int, requested: int | None = None
+                     ) -> list[Effect]:
+        """Register an instance. ``weight`` 0 means it never gets GPU time; ``requested``: what it asked for."""
         if name in self.instances:
             raise ConflictError(f"instance {name} already exists on GPU {self.index}")
         if weight != 0:
             INSTANCE["weight"].check(weight, self.settings.max_inst)
         if weight > self.free_weight:
             raise ConflictError(f"weight {weight} exceeds free_weight {self.free_weight} on GPU {self.index}")
-        inst = InstanceState(name, weight, bool(highprio), self.next_order())
+        inst = InstanceState(name, weight, bool(highprio), self.next_order(),
+                             requested=weight if requested is None else requested)
         self.policy.demand(inst, now)
         self.instances[name] = inst
         self.policy.changed(now)
         switch = self.policy.weight_switch(weight)
-        if switch is not None:
-            return self.set_policy(switch, now)
-        return self._schedule(now)
+        effects = self.set_policy(switch, now) if switch is not None else self._schedule(now)
+        self._reshare(now)
+        return effects
 
     def remove_instance(self, name: str, now: int) -> list[Effect]:
         """Forget an instance; its lease is ended and its waiters dropped."""
@@ -125,11 +165,15 @@ class GpuScheduler(GpuState):
                 for client in lease.clients:
                     effects.append(Revoke(client, self.index, lease.id, "removed"))
                     self._client_inst.pop(client, None)
+                self.stats.revoked["removed"] += 1
                 self._end_lease(lease, now)
+        self.ent.accrue(self.instances, now)
         del self.instances[name]
         self.policy.removed(inst)
         self.policy.changed(now)
-        return effects + self._schedule(now)
+        effects += self._schedule(now)
+        self._reshare(now)
+        return effects
 
     # --------------------------------------------------------------- settings
     def set(self, name: str, value: int, now: int) -> list[Effect]:
@@ -188,7 +232,9 @@ class GpuScheduler(GpuState):
         for lease in self.holders():
             if not (self.policy.concurrent and lease.native_client is None):
                 effects += self._close_under_old_policy(lease, now)
-        return effects + self._schedule(now)
+        effects += self._schedule(now)
+        self._reshare(now)
+        return effects
 
     def _close_under_old_policy(self, lease: Lease, now: int) -> list[Effect]:
         """Revoke a lease granted under the old policy, whose time so far is void like its debts.
@@ -211,14 +257,14 @@ class GpuScheduler(GpuState):
             raise ConflictError(f"max_inst {value} is below the sum of weights {used}")
         self.settings.max_inst = value
         self.policy.changed(now)
-        return self._schedule(now)
+        return self._resharing(self._schedule(now), now)
 
     def set_prio_ratio(self, value: int, now: int) -> list[Effect]:
         GPU["prio_ratio"].valid(value)
         self.hp.accrue(now)
         self.settings.prio_ratio = value
         self.hp.clamp()
-        return self._schedule(now)
+        return self._resharing(self._schedule(now), now)
 
     def set_slice_ms(self, value: int, now: int) -> list[Effect]:
         GPU["slice_ms"].valid(value)
@@ -242,14 +288,14 @@ class GpuScheduler(GpuState):
             )
         inst.weight = weight
         self.policy.changed(now)
-        return self._schedule(now)
+        return self._resharing(self._schedule(now), now)
 
     def set_highprio(self, name: str, highprio: int, now: int) -> list[Effect]:
         inst = self._inst(name)
         INSTANCE["highprio"].check(highprio)
         inst.highprio = bool(highprio)
         self.policy.changed(now)
-        return self._schedule(now)
+        return self._resharing(self._schedule(now), now)
 
     # ----------------------------------------------------------------- events
     def acquire(self, name: str, client: int, now: int) -> list[Effect]:
@@ -272,7 +318,9 @@ class GpuScheduler(GpuState):
         if not inst.waiters and not any(h.inst is inst for h in self.holders()):
             self.policy.demand(inst, now)
         inst.waiters.setdefault(client, now)
-        return effects + self._schedule(now)
+        effects += self._schedule(now)
+        self._touched(inst, now)
+        return effects
 
     def release(
         self, client: int, lease_id: int, now: int, again: bool = False, used_ns: int | None = None,
@@ -287,10 +335,9 @@ class GpuScheduler(GpuState):
         what it lost at the start (accounting.py).
         """
         current = False
-        if again:  # queued first, so the renewing instance still counts as having demand
-            inst = self._client_inst.get(client)
-            if inst is not None:
-                inst.waiters.setdefault(client, now)
+        inst = self._client_inst.get(client)
+        if again and inst is not None:  # queued first, so the renewing instance still counts as having demand
+            inst.waiters.setdefault(client, now)
         for lease in self._leases_of(client):
             if lease.id == lease_id:
                 if used_ns is not None and len(lease.clients) == 1:
@@ -299,7 +346,9 @@ class GpuScheduler(GpuState):
                 current = True
         if not current and not again:
             return [], False
-        return self._schedule(now), current
+        effects = self._schedule(now)
+        self._touched(inst, now)
+        return effects, current
 
     def drop_client(self, client: int, now: int) -> list[Effect]:
         """``client`` went away (disconnect or death): forget its wait and its leases."""
@@ -309,7 +358,9 @@ class GpuScheduler(GpuState):
         inst.waiters.pop(client, None)
         for lease in self._leases_of(client):
             self._drop_holder(lease, client, now)
-        return self._schedule(now)
+        effects = self._schedule(now)
+        self._touched(inst, now)
+        return effects
 
     def tick(self, now: int) -> list[Effect]:
         """Act on every deadline that has passed by ``now``."""
@@ -319,8 +370,12 @@ class GpuScheduler(GpuState):
                 for client in lease.clients:
                     effects.append(Revoke(client, self.index, lease.id, "overrun"))
                 self.stats.overruns += 1
+                self.stats.revoked["overrun"] += 1
                 self._end_lease(lease, now)
-        return effects + self._schedule(now)
+        effects += self._schedule(now)
+        if any(self.has_demand(n) != (n in self.ent.active) for n in self.instances):
+            self._reshare(now)
+        return effects
 
     def next_wakeup(self) -> int | None:
         """The earliest time at which :meth:`tick` has something to do."""

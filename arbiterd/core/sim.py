@@ -331,7 +331,8 @@ class Simulation:
         for t in range(warmup_ns, duration_ns, step):
             active = {i.name for i in self.instances if i.workload.active(t)}
             for name, share in self.sched.entitled(active).items():
-                targets[name] += share
+                if name in active and self.sched.instances[name].weight > 0:  # what it can be delivered
+                    targets[name] += share
             steps += 1
         out: dict[str, InstanceResult] = {}
         for i in self.instances:

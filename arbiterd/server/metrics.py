@@ -1,7 +1,8 @@
 """Prometheus metrics, read from live state at every scrape.
 
 Per-GPU and per-instance settings are exported as gauges named after the
-settings table (``cgpu_gpu_<setting>``, ``cgpu_instance_<setting>``).
+settings table (``cgpu_gpu_<setting>``, ``cgpu_instance_<setting>``), those in
+ms in seconds (``cgpu_gpu_overrun_seconds``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from arbiterd.server.status import DaemonStatus
 INSTANCE_GAUGES = ("weight", "highprio")  # memsize is exported as the effective limit, below
 
 
+def metric_name(setting: str) -> str:
+    """A setting's gauge name: Prometheus wants base units, so ``overrun_ms`` is ``overrun_seconds``."""
+    return setting[:-3] + "_seconds" if setting.endswith("_ms") else setting
+
+
 class ArbiterCollector(Collector):
     def __init__(self, hub: Hub, status: Callable[[], DaemonStatus]) -> None:
         self.hub = hub
@@ -28,7 +34,8 @@ class ArbiterCollector(Collector):
         doc = self.status()
         g_, gi = ["gpu"], ["gpu", "instance"]
         busy = CounterMetricFamily("cgpu_gpu_busy_seconds", "Time some lease was held on the GPU", labels=g_)
-        settings = {name: GaugeMetricFamily(f"cgpu_gpu_{name}", f"GPU setting {name}: {s.help}", labels=g_)
+        settings = {name: GaugeMetricFamily(f"cgpu_gpu_{metric_name(name)}", f"GPU setting {name}: {s.help}"
+                                            + (" (in seconds)" if name.endswith("_ms") else ""), labels=g_)
                     for name, s in GPU.items() if s.kind != "auto"}
         free_w = GaugeMetricFamily("cgpu_gpu_free_weight", "max_inst minus the sum of weights", labels=g_)
         total = GaugeMetricFamily("cgpu_gpu_memory_total_bytes", "Device memory", labels=g_)
@@ -37,7 +44,10 @@ class ArbiterCollector(Collector):
         alloc_core = GaugeMetricFamily("cgpu_gpu_allocated_core_percent", "GPU-core percent held by allocations",
                                        labels=g_)
         grants = CounterMetricFamily("cgpu_grants", "Leases granted", labels=g_)
-        revokes = CounterMetricFamily("cgpu_revocations", "Leases revoked", labels=g_)
+        revokes = CounterMetricFamily("cgpu_revocations", "Leases revoked, by reason (overrun: cut off after "
+                                      "overrunning by more than overrun_ms)", labels=["gpu", "reason"])
+        fair = GaugeMetricFamily("cgpu_gpu_fairness_error_ratio", "Over the last 60 s, the largest |delivered - "
+                                 "owed| share among the instances with demand (0.05 = 5 points)", labels=g_)
         overruns = CounterMetricFamily("cgpu_overruns", "Leases cut off after overrunning their deadline "
                                        "by more than overrun_ms", labels=g_)
         slice_s = GaugeMetricFamily("cgpu_gpu_slice_seconds", "The slice in force (slice_ms, or what auto chose)",
@@ -45,8 +55,12 @@ class ArbiterCollector(Collector):
         handover = HistogramMetricFamily("cgpu_gpu_handover_seconds", "What each hand-over cost: the part of a "
                                          "lease nobody could use (transit, wake-up, warm-up)", labels=g_)
         held = CounterMetricFamily("cgpu_instance_held_seconds", "Time the instance held the GPU", labels=gi)
-        useful = CounterMetricFamily("cgpu_instance_useful_seconds", "Time the instance held the GPU, less the "
-                                     "hand-overs it was not billed for", labels=gi)
+        delivered = CounterMetricFamily("cgpu_instance_delivered_seconds", "Useful GPU time delivered: time held, "
+                                        "less the hand-overs it was not billed for", labels=gi)
+        entitled = CounterMetricFamily("cgpu_instance_entitled_seconds", "GPU time the instance was entitled to "
+                                       "by its policy, settings and the demand of the others", labels=gi)
+        demand = CounterMetricFamily("cgpu_instance_demand_seconds", "Time the instance wanted the GPU "
+                                     "(waiting for or holding a lease)", labels=gi)
         inst = {name: GaugeMetricFamily(f"cgpu_instance_{name}", f"Instance setting {name}: {INSTANCE[name].help}",
                                         labels=gi) for name in INSTANCE_GAUGES}
         used = GaugeMetricFamily("cgpu_instance_memory_used_bytes", "Reserved device memory", labels=gi)
@@ -55,7 +69,7 @@ class ArbiterCollector(Collector):
             lg = [str(g.index)]
             busy.add_metric(lg, g.busy_seconds)
             for name, family in settings.items():
-                family.add_metric(lg, float(g.settings[name]))
+                family.add_metric(lg, float(g.settings[name]) / (1000 if name.endswith("_ms") else 1))
             free_w.add_metric(lg, g.free_weight)
             total.add_metric(lg, g.total_mem)
             alloc_mem.add_metric(lg, g.alloc_mem)
@@ -68,18 +82,23 @@ class ArbiterCollector(Collector):
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
             handover.add_metric(lg, buckets, meter.sum_ns / 1e9)
             grants.add_metric(lg, g.grants)
-            revokes.add_metric(lg, g.revocations)
+            for reason, n in g.revoked.items():
+                revokes.add_metric([str(g.index), reason], n)
+            if g.fairness_error_pp["60s"] is not None:
+                fair.add_metric(lg, g.fairness_error_pp["60s"] / 100)
             overruns.add_metric(lg, g.overruns)
             for i in g.instances:
                 li = [str(g.index), i.id]
                 held.add_metric(li, i.held_seconds)
-                useful.add_metric(li, i.useful_seconds)
+                delivered.add_metric(li, i.delivered_seconds)
+                entitled.add_metric(li, i.entitled_seconds)
+                demand.add_metric(li, i.demand_seconds)
                 inst["weight"].add_metric(li, i.weight)
                 inst["highprio"].add_metric(li, i.highprio)
                 used.add_metric(li, i.mem_used)
                 limit.add_metric(li, i.mem_limit)
         yield from (busy, *settings.values(), slice_s, handover, free_w, total, alloc_mem, alloc_core, grants,
-                    revokes, overruns, held, useful, *inst.values(), used, limit)
+                    revokes, overruns, fair, held, delivered, entitled, demand, *inst.values(), used, limit)
         c = self.hub.counters
         yield HistogramMetricFamily(
             "cgpu_grant_latency_seconds", "Time from acquire to grant",

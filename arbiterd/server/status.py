@@ -12,7 +12,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from arbiterd import __version__
 from arbiterd.core.arbiter import Arbiter, GpuInfo
@@ -26,11 +26,27 @@ HISTORY = 61  # one sample a second: enough for the 60 s window
 WINDOWS = {"1s": NS_PER_S, "60s": 60 * NS_PER_S}
 
 
+class Counters(NamedTuple):
+    """One instance's cumulative counters on one GPU, in ns."""
+
+    held: int
+    delivered: int  # useful time: held less its hand-overs
+    entitled: float
+    owed: float  # entitled while it had demand
+    demand: int
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     t: int
-    held: dict[tuple[int, str], int]
+    inst: dict[tuple[int, str], Counters]
     busy: dict[int, int]
+
+
+def counters(arb: Arbiter, gpu: int, name: str, now: int) -> Counters:
+    sched = arb.scheds[gpu]
+    entitled, owed, demand = sched.entitlement(name, now)
+    return Counters(sched.held_ns(name, now), sched.useful_ns(name, now), entitled, owed, demand)
 
 
 class History:
@@ -40,19 +56,42 @@ class History:
         self.samples: deque[Sample] = deque(maxlen=HISTORY)
 
     def sample(self, arb: Arbiter, now: int) -> None:
-        held = {(g, n): arb.scheds[g].held_ns(n, now) for (g, n) in arb.records}
+        inst = {(g, n): counters(arb, g, n, now) for (g, n) in arb.records}
         busy = {g: s.busy_ns(now) for g, s in arb.scheds.items()}
-        self.samples.append(Sample(now, held, busy))
+        self.samples.append(Sample(now, inst, busy))
 
-    def past(self, now: int, age_ns: int) -> Sample | None:
-        """The newest sample at least ``age_ns`` old (or the oldest there is)."""
-        best = None
+    def past(self, now: int, age_ns: int, key: tuple[int, str] | None = None) -> Sample | None:
+        """The newest sample at least ``age_ns`` old (or the oldest there is); with ``key``, among those
+        that have that instance (a window of an instance younger than it is its whole life)."""
+        best = first = None
         for sample in self.samples:
+            if key is not None and key not in sample.inst:
+                continue
+            if first is None:
+                first = sample
             if now - sample.t >= age_ns:
                 best = sample
-        if best is None and self.samples:
-            best = self.samples[0]
-        return best
+        return best if best is not None else first
+
+
+@dataclass(slots=True)
+class Fairness:
+    """One instance over one window: what it was entitled to and delivered, in % of the window."""
+
+    entitled_pct: float | None
+    delivered_pct: float | None
+    demand_pct: float | None
+    error_pp: float | None  # delivered less owed (entitled while it had demand); None without demand
+
+
+def fairness(now: Counters, then: Counters | None, span: int) -> Fairness:
+    if then is None or span <= 0:
+        return Fairness(None, None, None, None)
+    demand = now.demand - then.demand
+    error = 100 * ((now.delivered - then.delivered) - (now.owed - then.owed)) / span if demand > 0 else None
+    return Fairness(round(100 * (now.entitled - then.entitled) / span, 2),
+                    round(100 * (now.delivered - then.delivered) / span, 2),
+                    round(100 * demand / span, 2), None if error is None else round(error, 2))
 
 
 @dataclass(slots=True)
@@ -62,8 +101,15 @@ class InstanceStatus:
     highprio: int
     starved: bool
     held_seconds: float
-    useful_seconds: float  # held less the hand-overs it was not billed for
-    share_pct: dict[str, float | None]
+    useful_seconds: float  # held less the hand-overs it was not billed for (= delivered_seconds)
+    delivered_seconds: float
+    entitled_seconds: float
+    owed_seconds: float  # entitled while it had demand: what its error is measured against
+    demand_seconds: float
+    share_pct: dict[str, float | None]  # held time over each window
+    entitled_pct: dict[str, float | None]
+    delivered_pct: dict[str, float | None]
+    error_pp: dict[str, float | None]
     grants: int
     mem_used: int
     mem_limit: int
@@ -90,7 +136,9 @@ class GpuStatus:
     busy_pct: dict[str, float | None]
     grants: int
     revocations: int
+    revoked: dict[str, int]  # revocations by reason, overrun cut-offs included
     overruns: int
+    fairness_error_pp: dict[str, float | None]  # the largest |error| among instances with demand
     alloc_mem: int  # bytes held by allocations (alloc_ctl)
     alloc_core: int  # percent held by allocations
     instances: list[InstanceStatus] = field(default_factory=list)
@@ -133,26 +181,38 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
         busy = sched.busy_ns(now)
         busy_pct = {k: _pct(busy - p.busy.get(g.index, 0), now - p.t) if p else None for k, p in windows.items()}
         records = arb.instances_on(g.index)
+        insts: list[InstanceStatus] = []
+        worst: dict[str, float | None] = dict.fromkeys(WINDOWS)
+        for rec in records:
+            st = sched.instances[rec.name]
+            cur = counters(arb, g.index, rec.name, now)
+            past = {k: history.past(now, age, (g.index, rec.name)) for k, age in WINDOWS.items()}
+            fair = {k: fairness(cur, p.inst[(g.index, rec.name)] if p else None, now - p.t if p else 0)
+                    for k, p in past.items()}
+            for k, f in fair.items():
+                if f.error_pp is not None:
+                    worst[k] = max(worst[k] or 0.0, abs(f.error_pp))
+            share = {k: _pct(cur.held - p.inst[(g.index, rec.name)].held, now - p.t) if p else None
+                     for k, p in past.items()}
+            pids = sorted({arb.clients[c].pid for c in rec.clients if c in arb.clients})
+            insts.append(InstanceStatus(
+                rec.name, st.weight, int(st.highprio), st.weight == 0, cur.held / 1e9,
+                cur.delivered / 1e9, cur.delivered / 1e9, round(cur.entitled / 1e9, 6), round(cur.owed / 1e9, 6),
+                cur.demand / 1e9, share,
+                {k: f.entitled_pct for k, f in fair.items()}, {k: f.delivered_pct for k, f in fair.items()},
+                {k: f.error_pp for k, f in fair.items()}, st.grants,
+                rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
+                sched.has_demand(rec.name),
+            ))
         gs = GpuStatus(
             g.index, g.name, g.uuid, g.simulated, g.total_mem, sum(r.ledger.used for r in records),
             POLICY_NAMES[sched.settings.policy],
             {name: s.external(getattr(sched.settings, name)) for name, s in GPU.items()},
             sched.slice_ns / 1e6, sched.handover.expected / 1e6,
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
-            sched.stats.overruns, arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index),
+            dict(sched.stats.revoked), sched.stats.overruns, worst,
+            arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index), insts,
         )
-        for rec in records:
-            st = sched.instances[rec.name]
-            held = sched.held_ns(rec.name, now)
-            share = {k: _pct(held - p.held.get((g.index, rec.name), 0), now - p.t) if p else None
-                     for k, p in windows.items()}
-            pids = sorted({arb.clients[c].pid for c in rec.clients if c in arb.clients})
-            gs.instances.append(InstanceStatus(
-                rec.name, st.weight, int(st.highprio), st.weight == 0, held / 1e9,
-                sched.useful_ns(rec.name, now) / 1e9, share, st.grants,
-                rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
-                sched.has_demand(rec.name),
-            ))
         out.append(gs)
     return DaemonStatus(__version__, os.getpid(), round(time.time() - started_at, 3), describe(), clients,
                         state_file, state_problem, arb.globals.upgrade, arb.config.allocations, out,

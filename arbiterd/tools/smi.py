@@ -1,6 +1,12 @@
 """``cgpu-smi``: per-GPU and per-instance view of arbiterd, like cGPU's cgpu-smi.
 
-    cgpu-smi [--admin ADDR] [-l SECONDS] [--json]
+    cgpu-smi [--admin ADDR] [-l [SECONDS] | --watch [SECONDS]] [--json]
+
+Each instance shows what it was entitled to, what it was delivered (useful
+time) and the error (delivered less what it was owed while it had demand), over
+1 s and 60 s. With ``-l`` the table refreshes in place on a terminal (the
+alternate screen, like ``watch``), and is printed as plain blocks, one after
+the other, when the output is piped (``--json``: one document a line).
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _signed(v: float | None) -> str:
+    """An error in points; ``-`` where the instance had no demand (it cannot be under-served)."""
+    return "-" if v is None else f"{v:+.1f}"
+
+
 def _slice(g: dict[str, Any]) -> str:
     """``auto 65ms`` or the pinned ``5ms``."""
     eff = f"{g['slice_effective_ms']:g}ms"
@@ -35,7 +46,7 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"WARNING: {problem}")
     out.append("")
     gpu_hdr = f"{'GPU':<4}{'Name':<22}{'Memory used / total':<26}{'Policy':<15}{'max_inst':>9}" \
-              f"{'free_weight':>13}{'Slice':>12}{'Handover':>10}{'Busy% 1s':>10}{'60s':>7}"
+              f"{'free_weight':>13}{'Slice':>12}{'Handover':>10}{'Busy% 1s':>10}{'60s':>7}{'Fair pp 60s':>13}"
     out.append(gpu_hdr)
     out.append("-" * len(gpu_hdr))
     for g in doc["gpus"]:
@@ -44,10 +55,10 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"{g['index']:<4}{name[:21]:<22}{mem:<26}{str(g['policy']) + ' ' + g['policy_name']:<15}"
                    f"{g['max_inst']:>9}{g['free_weight']:>13}{_slice(g):>12}{g['handover_ms']:>8.2f}ms"
                    f"{_pct(g['busy_pct']['1s']):>10}"
-                   f"{_pct(g['busy_pct']['60s']):>7}")
+                   f"{_pct(g['busy_pct']['60s']):>7}{_pct(g['fairness_error_pp']['60s']):>13}")
     out.append("")
-    inst_hdr = f"{'GPU':<4}{'Instance':<16}{'Weight':>7}{'HighPrio':>9}{'Share% 1s':>11}{'60s':>7}" \
-               f"  {'Memory used / limit':<26}{'PIDs'}"
+    inst_hdr = f"{'GPU':<4}{'Instance':<16}{'Weight':>7}{'HighPrio':>9}{'Entitled% 1s':>14}{'60s':>7}" \
+               f"{'Delivered% 1s':>15}{'60s':>7}{'Err pp 1s':>11}{'60s':>7}  {'Memory used / limit':<26}{'PIDs'}"
     out.append(inst_hdr)
     out.append("-" * len(inst_hdr))
     any_inst = False
@@ -58,7 +69,9 @@ def render(doc: dict[str, Any]) -> str:
             weight = f"{i['weight']}" + ("!" if i["starved"] else "")
             pids = ",".join(str(p) for p in i["pids"]) or "-"
             line = (f"{g['index']:<4}{i['id'][:15]:<16}{weight:>7}{i['highprio']:>9}"
-                    f"{_pct(i['share_pct']['1s']):>11}{_pct(i['share_pct']['60s']):>7}  {mem:<26}{pids}")
+                    f"{_pct(i['entitled_pct']['1s']):>14}{_pct(i['entitled_pct']['60s']):>7}"
+                    f"{_pct(i['delivered_pct']['1s']):>15}{_pct(i['delivered_pct']['60s']):>7}"
+                    f"{_signed(i['error_pp']['1s']):>11}{_signed(i['error_pp']['60s']):>7}  {mem:<26}{pids}")
             if i["starved"]:
                 line += "   STARVED: weight 0, no GPU time (free_weight was 0)"
             out.append(line)
@@ -70,9 +83,23 @@ def render(doc: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cgpu-smi", description="Show the GPUs and instances of arbiterd.")
     add_admin_args(p)
-    p.add_argument("-l", "--loop", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
-    p.add_argument("--json", action="store_true", help="print the status document as JSON")
+    p.add_argument("-l", "--loop", "--watch", type=float, nargs="?", const=1.0, metavar="SECONDS",
+                   help="refresh every SECONDS (default 1) until Ctrl-C: in place on a terminal, as plain "
+                        "blocks when piped")
+    p.add_argument("--json", action="store_true", help="print the status document as JSON (one a line with -l)")
     return p
+
+
+ALT_SCREEN, MAIN_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
+
+
+def frame(text: str) -> str:
+    """``text`` drawn over the previous frame: home, each line cleared to its end, the rest of the screen cleared."""
+    return "\x1b[H" + "".join(line + "\x1b[K\n" for line in text.splitlines()) + "\x1b[J"
+
+
+def stamped(doc: dict[str, Any]) -> str:
+    return time.strftime("%a %b %d %H:%M:%S %Y") + "\n" + render(doc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,21 +107,33 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.loop is not None and args.loop <= 0:
         p.error("-l: SECONDS must be positive")
+    in_place = args.loop is not None and not args.json and sys.stdout.isatty()
 
     def body() -> int:
         client = AdminClient.from_env(args.admin, args.token_file)
-        while True:
-            doc = client.status()
-            if args.json:
-                print(json.dumps(doc, indent=2), flush=True)
-            else:
-                if args.loop is not None and sys.stdout.isatty():
-                    sys.stdout.write("\x1b[H\x1b[2J")
-                sys.stdout.write(render(doc))
+        if in_place:
+            sys.stdout.write(ALT_SCREEN)
+        try:
+            first = True
+            while True:
+                doc = client.status()
+                if args.json:
+                    print(json.dumps(doc) if args.loop is not None else json.dumps(doc, indent=2), flush=True)
+                elif args.loop is None:
+                    sys.stdout.write(render(doc))
+                elif in_place:
+                    sys.stdout.write(frame(stamped(doc)))
+                else:
+                    sys.stdout.write(("" if first else "\n") + stamped(doc))
                 sys.stdout.flush()
-            if args.loop is None:
-                return 0
-            time.sleep(args.loop)
+                first = False
+                if args.loop is None:
+                    return 0
+                time.sleep(args.loop)
+        finally:
+            if in_place:
+                sys.stdout.write(MAIN_SCREEN)
+                sys.stdout.flush()
 
     return run_tool("cgpu-smi", body)
 

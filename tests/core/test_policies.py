@@ -354,3 +354,27 @@ def test_policy3_spreads_each_instances_slots_over_the_ring(weights: tuple[int, 
         assert len(at) == w
         gaps = [(b - a) % max_inst or max_inst for a, b in zip(at, at[1:] + at[:1], strict=True)]
         assert max(gaps) <= -(-max_inst // w) + 1, (weights, gaps)
+
+
+def test_policy3_rebuilds_keep_each_owners_turn() -> None:
+    """The ring is rebuilt whenever the slice changes (``slice_ms = auto`` does so as the hand-over moves);
+    it goes on from the same turn of the same owner, so 9 and 6 slots of 20 still get 45 % and 30 %."""
+    sched = GpuScheduler(0, GpuSettings(policy=3, max_inst=20, slice_ms=5))
+    sched.add_instance("A", 9, False, 0)
+    sched.add_instance("B", 6, False, 0)
+    effects = sched.acquire("A", 1, 0) + sched.acquire("B", 2, 0)
+    now, n = 0, 0
+    while now < 20 * NS_PER_S:
+        grants = [e for e in effects if isinstance(e, Grant)]
+        if not grants:  # an idle slot: wait for the ring to turn
+            now = sched.next_wakeup() or now + NS_PER_MS
+            effects = sched.tick(now)
+            continue
+        (gr,) = grants
+        now = max(now, gr.deadline_ns)
+        n += 1
+        if n % 3 == 0:  # a slice change mid-ring, every third turn
+            sched.set_slice_ms(4 + n % 2 * 2, now)
+        effects, _ = sched.release(gr.client, gr.lease, now, again=True)
+    assert sched.held_ns("A", now) / now * 100 == pytest.approx(45, abs=TOL)
+    assert sched.held_ns("B", now) / now * 100 == pytest.approx(30, abs=TOL)

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 from arbiterd.core.settings import GPU, InstanceSettings
 from arbiterd.server import status as status_mod
 from arbiterd.server.hub import Hub
-from arbiterd.server.metrics import ArbiterCollector
+from arbiterd.server.metrics import ArbiterCollector, metric_name
 
 
 def registry(hub: Hub) -> CollectorRegistry:
@@ -23,7 +23,8 @@ def test_a_gauge_per_gpu_setting_and_instance_values(hub: Hub) -> None:
     reg = registry(hub)
     for name, s in GPU.items():
         if s.kind != "auto":  # slice_ms may be auto: the slice in force is cgpu_gpu_slice_seconds
-            assert reg.get_sample_value(f"cgpu_gpu_{name}", {"gpu": "0"}) is not None, name
+            assert reg.get_sample_value(f"cgpu_gpu_{metric_name(name)}", {"gpu": "0"}) is not None, name
+    assert reg.get_sample_value("cgpu_gpu_overrun_seconds", {"gpu": "0"}) == 0.5
     assert reg.get_sample_value("cgpu_gpu_slice_seconds", {"gpu": "0"}) == 0.005
     assert reg.get_sample_value("cgpu_gpu_handover_seconds_count", {"gpu": "0"}) == 0
     assert reg.get_sample_value("cgpu_gpu_policy", {"gpu": "1"}) == 2  # a weight above 1 made it weighted

@@ -67,13 +67,17 @@ class HighPriority:
         self.spend(bill.held)
         return max(0, bill.billed - lease.prepaid_ns)
 
-    def shares(self, active: Collection[str], conserving: bool, normal_active: bool) -> tuple[dict[str, float], float]:
+    def shares(self, active: Collection[str], conserving: bool, normal_active: bool,
+               extra: InstanceState | None = None) -> tuple[dict[str, float], float]:
         """What high-priority instances with demand are owed, and what that leaves to the others.
 
         Together they get ``prio_ratio`` %, split by weight, or all of it on a
-        work-conserving policy where no normal instance wants the GPU.
+        work-conserving policy where no normal instance wants the GPU. ``extra``
+        is counted among them (a starved instance at its requested weight).
         """
         hp = [i for i in self.gpu.instances.values() if i.highprio and i.weight > 0 and i.name in active]
+        if extra is not None:  # a starved instance, counted at the weight it asked for
+            hp.append(extra)
         if not hp:
             return {}, 1.0
         ratio = 1.0 if conserving and not normal_active else self.gpu.settings.prio_ratio / 100

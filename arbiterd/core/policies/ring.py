@@ -41,7 +41,9 @@ class Ring(Policy):
 
     def rebuild(self, now: int) -> None:
         gpu = self.gpu
-        current = self.segments[self.idx][0] if self.segments else None
+        old = [s[0] for s in self.segments]
+        current = old[self.idx] if old else None
+        turn = old[: self.idx].count(current)  # which of its segments the current owner is in
         members: list[tuple[InstanceState, int]] = []
         used = 0
         for inst in sorted(gpu.normal_members(), key=lambda i: i.order):
@@ -65,9 +67,11 @@ class Ring(Policy):
         self.segments = segs
         self.dirty = False
         owners = [s[0] for s in segs]
-        # the ring goes on from the segment under way (new lengths apply from the next one), if it still exists
+        # the ring goes on from the segment under way (new lengths apply from the next one), if it still exists:
+        # the same turn of the same owner, so a rebuild neither repeats nor skips an owner's segments
         if had_segments and current in owners:
-            self.idx = owners.index(current)
+            turns = [i for i, o in enumerate(owners) if o is current]
+            self.idx = turns[min(turn, len(turns) - 1)]
         else:
             self.start(0, now)
 
@@ -109,9 +113,9 @@ class Ring(Policy):
         return self.seg_end
 
     def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
-        """A hard cap: owned slots over all slots, whoever else wants the GPU."""
+        """A hard cap: owned slots over all slots, whoever else wants the GPU; an idle owner keeps its slots."""
         top = self.gpu.settings.max_inst
-        return {i.name: rest * self.slots(i) / top if i.name in active else 0.0 for i in members}
+        return {i.name: rest * self.slots(i) / top for i in members}
 
     def charge(self, lease: Lease, bill: Bill) -> int:
         """The owner pays its overrun off its next segment; a segment that ran out turns the ring."""

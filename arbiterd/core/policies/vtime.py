@@ -185,9 +185,9 @@ class Weighted(VirtualTime):
         return self.turn[1] if self.turn is not None else None
 
     def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
-        """Weights among all registered instances: an idle one's turns pass with the GPU idle."""
+        """Weights among all registered instances: an idle one keeps its share, its turns passing idle."""
         total = sum(i.weight for i in members) or 1
-        return {i.name: rest * i.weight / total if i.name in active else 0.0 for i in members}
+        return {i.name: rest * i.weight / total for i in members}
 
     def pick(self, now: int) -> list[Effect]:
         gpu = self.gpu
