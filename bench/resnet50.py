@@ -289,14 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads of each instance (default: every core)")
     p.add_argument("--slice-ms", type=int, default=None,
-                   help="slice length of the daemon this starts (default 100 on cpu, 5 on cuda; see above)")
+                   help="pin the slice of the daemon this starts (default: the daemon's own, slice_ms auto)")
     p.add_argument("--admin", help="use a running daemon's admin API instead of starting one")
     p.add_argument("--socket", help="with --admin: that daemon's arbiter.sock")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md and the plot")
     args = p.parse_args(argv)
-    if args.slice_ms is None:
-        args.slice_ms = 100 if args.device == "cpu" else 5
     w1, w2 = (int(w) for w in args.weights.split(":"))
     batches = [int(b) for b in args.batch.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-rn50-"))
@@ -308,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = tmp / "run"
         sock, admin = str(run_dir / "arbiter.sock"), str(run_dir / "admin.sock")
         cmd = [tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(tmp / "state"),
-               "--identity", "declared", "--slice-ms", str(args.slice_ms), "--log-level", "warning"]
+               "--identity", "declared", "--log-level", "warning"]
+        if args.slice_ms is not None:
+            cmd += ["--slice-ms", str(args.slice_ms)]
         if args.device == "cpu":
             cmd += ["--sim-gpus", "1x16GiB"]
         daemon = subprocess.Popen(cmd)
@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             na, nb = f"rn50-b{batch}-A", f"rn50-b{batch}-B"
             pair = runner.pair(batch, (na, w1), (nb, w2))
+            gpu = AdminClient(admin).status()["gpus"][0]
+            in_force = (gpu["slice_effective_ms"], gpu["handover_ms"])  # what the contended run settled at
             plain = runner.plain(batch, (na + "-plain", nb + "-plain"))
             pa_, pb_ = pair["progress"][na], pair["progress"][nb]
             # per segment, (images/s, held ns) of A and of B
@@ -351,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batch": batch, "exclusive": ex, "exclusive_ab": [ex_a, ex_b],
                 "inst1": a, "inst2": b, "ratio": b / a, "per_process": per_process, "held_ratio": held_ratio,
                 "aggregate_vs_exclusive": (a + b) / ex, "no_arbiter1": pa, "no_arbiter2": pb,
-                "no_arbiter_ratio": pb / pa,
+                "no_arbiter_ratio": pb / pa, "slice_in_force_ms": in_force[0], "handover_ms": in_force[1],
                 "exclusive_spans": [[(t - t0) / 1e9 for t in sp] for k in ("A", "B") for sp in pair["exclusive"][k]],
                 "series": {"process A": series(pa_, span), "process B": series(pb_, span)},
             }
@@ -367,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             daemon.terminate()
             daemon.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
-    doc = {"weights": [w1, w2], "policy": args.policy, "slice_ms": args.slice_ms, "image_size": args.image_size,
+    doc = {"weights": [w1, w2], "policy": args.policy,
+           "slice_ms": "auto (default)" if args.slice_ms is None else args.slice_ms, "image_size": args.image_size,
            "train": args.train, "threads": args.threads,
            "device": args.device, "seconds": args.seconds, "warmup": args.warmup, "results": rows}
     table = render(doc)
@@ -392,14 +395,14 @@ def render(doc: dict[str, Any]) -> str:
     mode = "training" if doc["train"] else "inference"
     lines = [
         f"ResNet-50 {mode}, {doc['image_size']}x{doc['image_size']} images, device {doc['device']} "
-        f"({doc['threads']} threads per instance), policy {doc['policy']}, slice {doc['slice_ms']} ms, "
+        f"({doc['threads']} threads per instance), policy {doc['policy']}, slice_ms {doc['slice_ms']}, "
         f"weights {w1}:{w2}, {doc['seconds']:.0f} s window after {doc['warmup']:.0f} s warm-up "
         f"(8 segments; the processes swap weights between them, ABBA ABBA; each alone four times)",
         "",
         "| batch | reference TF (A10) w1 / w2 / ratio | cgpu exclusive | cgpu weight "
         f"{w1} | cgpu weight {w2} | **cgpu ratio** | A / B as weight {w1} | held-time ratio | sum / exclusive | "
-        "no arbiter 1 / 2 / ratio |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+        "no arbiter 1 / 2 / ratio | slice in force / hand-over |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |",
     ]
     for r in doc["results"]:
         ref = REFERENCE_TF.get(r["batch"])
@@ -408,7 +411,8 @@ def render(doc: dict[str, Any]) -> str:
             f"| {r['batch']} | {ref_s} | {r['exclusive']:.1f} | {r['inst1']:.1f} | {r['inst2']:.1f} | "
             f"**{r['ratio']:.3f}** | {r['per_process'][0]:.3f} / {r['per_process'][1]:.3f} | "
             f"{r['held_ratio']:.3f} | {100 * r['aggregate_vs_exclusive']:.1f} % | "
-            f"{r['no_arbiter1']:.1f} / {r['no_arbiter2']:.1f} / {r['no_arbiter_ratio']:.2f} |")
+            f"{r['no_arbiter1']:.1f} / {r['no_arbiter2']:.1f} / {r['no_arbiter_ratio']:.2f} | "
+            f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f} ms |")
     lines.append("")
     lines.append("Reference TensorRT (A10) ratio: " + ", ".join(
         f"batch {b}: {v[2]:.2f}" for b, v in REFERENCE_TRT.items()) + " (it drifts to 1.77).")

@@ -54,8 +54,10 @@ class HandoverMeter:
         n = len(ordered)
         self.median = ordered[n // 2]
         spread = SPREAD * (ordered[3 * n // 4] - ordered[n // 4]) + FLOOR_NS
-        self.lo, self.hi = self.median - spread, self.median + spread
-        self.expected = max(0, sum(self.discount(x) for x in ordered) // n)
+        lo, hi = self.lo, self.hi = self.median - spread, self.median + spread
+        below, above = bisect.bisect_left(ordered, lo), bisect.bisect_right(ordered, hi)
+        kept = lo * below + sum(ordered[below:above]) + hi * (n - above)  # each sample within [lo, hi]
+        self.expected = max(0, kept // n)
         return True
 
     def discount(self, overhead_ns: int) -> int:

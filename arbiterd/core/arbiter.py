@@ -384,10 +384,15 @@ class Arbiter:
         return effects
 
     def next_wakeup(self) -> int | None:
-        times = [t for s in self.scheds.values() if (t := s.next_wakeup()) is not None]
-        times += [
-            r.idle_since + self.config.linger_ns
-            for r in self.records.values()
-            if r.idle_since is not None and not r.provisioned
-        ]
-        return min(times) if times else None
+        """The earliest time :meth:`tick` has something to do (asked after every burst of messages)."""
+        best: int | None = None
+        for sched in self.scheds.values():
+            t = sched.next_wakeup()
+            if t is not None and (best is None or t < best):
+                best = t
+        for r in self.records.values():
+            if r.idle_since is not None and not r.provisioned:
+                t = r.idle_since + self.config.linger_ns
+                if best is None or t < best:
+                    best = t
+        return best

@@ -1,15 +1,18 @@
-"""Decisions the core hands back to the I/O shell."""
+"""Decisions the core hands back to the I/O shell.
+
+Effects are named tuples: immutable values, and built on every grant, where a
+frozen dataclass's field-by-field construction was a measurable cost.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(NamedTuple):
     """Tell ``client`` it holds ``lease`` on ``gpu`` until ``deadline_ns``."""
 
     client: int
@@ -19,8 +22,7 @@ class Grant:
     waited_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class Revoke:
+class Revoke(NamedTuple):
     """Ask ``client`` to give ``lease`` back at its next operation boundary."""
 
     client: int

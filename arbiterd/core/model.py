@@ -8,7 +8,7 @@ uses: grant a lease, revoke one, pick by virtual time, pay a debt.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from arbiterd.core.accounting import HandoverMeter
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
@@ -37,13 +37,13 @@ class InstanceState:
     owed_ns: float = 0.0  # the same, only while it had demand
     demand_ns: int = 0  # time it had demand
     grants: int = 0
+    leases: int = 0  # leases it holds now (one, or one per client under the native policy)
     served: int = 0  # sequence number of its last grant: ties go to the least recently served
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 
 
-@dataclass(frozen=True, slots=True)
-class Bill:
-    """How a lease ended, for the class that bills it."""
+class Bill(NamedTuple):
+    """How a lease ended, for the class that bills it (a named tuple: one is built per lease)."""
 
     held: int  # grant to release, as the daemon saw it
     billed: int  # useful time: held, less its hand-over
@@ -151,6 +151,7 @@ class GpuState:
         effects: list[Effect] = [Grant(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
         inst.waiters.clear()
         inst.grants += 1
+        inst.leases += 1
         self.stats.grants += 1
         self.turns += 1
         inst.served = self.turns

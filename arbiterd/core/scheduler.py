@@ -31,6 +31,8 @@ from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
 from arbiterd.core.policies import NATIVE, HighPriority, Policy, make_policy
 from arbiterd.core.settings import GPU, INSTANCE, GpuSettings, check_gpu_settings
 
+SHARES_REMEMBERED = 256  # sets of instances with demand whose entitled shares are kept
+
 
 class GpuScheduler(GpuState):
     """Decides who holds one GPU, until when, and whom to revoke."""
@@ -43,6 +45,7 @@ class GpuScheduler(GpuState):
         self.hp = HighPriority(self, now)
         self.policy: Policy = make_policy(settings.policy, self, now)
         self.ent = Entitlement(now)
+        self._shares_for: dict[frozenset[str], dict[str, float]] = {}  # entitled shares by who has demand
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
@@ -113,12 +116,25 @@ class GpuScheduler(GpuState):
         """``name``'s (entitled, owed, demand) ns so far (see entitlement.py)."""
         return self.ent.pending(self._inst(name), now)
 
-    def _reshare(self, now: int) -> None:
-        """Demand or a setting changed: close the integrals under the old shares, compute the new ones."""
+    def _reshare(self, now: int, active: frozenset[str] | None = None) -> None:
+        """Close the integrals under the shares in force and put the new ones in force.
+
+        With ``active`` only demand changed (these instances have it now), and the shares
+        for that set are remembered from before; without it a setting or the membership
+        changed, and nothing remembered holds (on the grant path, demand changes with
+        nearly every acquire and release, and the sets repeat).
+        """
         self.ent.accrue(self.instances, now)
-        active = frozenset(n for n in self.instances if self.has_demand(n))
-        self.ent.active = active
-        self.ent.shares = {n: s for n, s in self.entitled(active).items() if s}
+        memo = self._shares_for
+        if active is None:
+            memo.clear()
+            active = frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
+        shares = memo.get(active)
+        if shares is None:
+            if len(memo) >= SHARES_REMEMBERED:
+                memo.clear()
+            shares = memo[active] = {n: s for n, s in self.entitled(active).items() if s}
+        self.ent.active, self.ent.shares = active, shares
 
     def _resharing(self, effects: list[Effect], now: int) -> list[Effect]:
         self._reshare(now)
@@ -126,12 +142,13 @@ class GpuScheduler(GpuState):
 
     def _touched(self, inst: InstanceState | None, now: int) -> None:
         """``inst`` may have gained or lost demand: reshare if it did."""
-        if inst is not None and self.has_demand(inst.name) != (inst.name in self.ent.active):
-            self._reshare(now)
+        if inst is not None and (bool(inst.waiters) or inst.leases > 0) != (inst.name in self.ent.active):
+            self._reshare(now, self.ent.active ^ {inst.name})
 
     def has_demand(self, name: str) -> bool:
+        """Whether ``name`` waits for or holds a lease."""
         inst = self._inst(name)
-        return bool(inst.waiters) or any(lease.inst is inst for lease in self.holders())
+        return bool(inst.waiters) or inst.leases > 0
 
     # -------------------------------------------------------------- instances
     def add_instance(self, name: str, weight: int, highprio: bool, now: int, requested: int | None = None
@@ -315,7 +332,7 @@ class GpuScheduler(GpuState):
                 and lease.revoked_ns is None and now < lease.deadline_ns):
             lease.clients.add(client)
             return [*effects, Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
-        if not inst.waiters and not any(h.inst is inst for h in self.holders()):
+        if not inst.waiters and not inst.leases:
             self.policy.demand(inst, now)
         inst.waiters.setdefault(client, now)
         effects += self._schedule(now)
@@ -373,14 +390,18 @@ class GpuScheduler(GpuState):
                 self.stats.revoked["overrun"] += 1
                 self._end_lease(lease, now)
         effects += self._schedule(now)
-        if any(self.has_demand(n) != (n in self.ent.active) for n in self.instances):
-            self._reshare(now)
+        active = frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
+        if active != self.ent.active:
+            self._reshare(now, active)
         return effects
 
     def next_wakeup(self) -> int | None:
         """The earliest time at which :meth:`tick` has something to do."""
         # called after every burst of messages: the cheap tests first
-        times = [self._cutoff(lease) for lease in self.native.values()]
+        times = []
+        if self.native:  # every native lease has the same overrun allowance
+            times.append(min(n.deadline_ns if n.revoked_ns is None else n.revoked_ns for n in self.native.values())
+                         + self.overrun_ns)
         lease = self.lease
         if lease is not None:
             times.append(self._cutoff(lease))
@@ -435,6 +456,7 @@ class GpuScheduler(GpuState):
         inst = lease.inst
         inst.held_ns += held
         inst.useful_ns += billed
+        inst.leases -= 1
         if now > lease.deadline_ns:
             self.stats.late_releases += 1
         if lease is self.lease:

@@ -217,7 +217,10 @@ class Simulation:
         return []
 
     def _check_holders(self) -> None:
-        holders = len(self.sched.holders())
+        held = self.sched.holders()
+        holders = len(held)
+        for inst in self.sched.instances.values():
+            assert inst.leases == sum(lease.inst is inst for lease in held), f"{inst.name}'s lease count at {self.now}"
         self.max_holders = max(self.max_holders, holders)
         if self.sched.settings.policy != NATIVE:
             assert holders <= 1, f"two holders at {self.now}"

@@ -3,11 +3,15 @@
  *
  *   grant_rtt SOCKET CLIENTS SECONDS [WARMUP]
  *
- * Each client registers as one of 8 instances, then every 5 ms (one slice, random
- * phase) sends acquire, waits for the grant, and releases. The first WARMUP seconds
+ * Each client registers as one of 8 instances, then on a fixed schedule, every 5 ms
+ * from a random phase, sends acquire, waits for the grant, and releases: an open
+ * loop, so the load offered is CLIENTS * 200 pairs/s whatever the daemon does, and a
+ * client that falls behind sends its next acquire at once. The first WARMUP seconds
  * (default 0.5) run the same loop unmeasured: connections settle, and so do the
  * machine's wake-up paths (a VM's idle polling adapts to the rate). Prints
- * "rtt clients=N samples=S p50_us=X p99_us=Y". Run it against a GPU on policy 5. */
+ * "rtt clients=N samples=S p50_us=X p99_us=Y pairs_per_s=R pairs_total=T": R is the
+ * rate achieved over the measured seconds, T every pair, warm-up included. Run it
+ * against a GPU on policy 5. */
 #define _GNU_SOURCE
 #include <poll.h>
 #include <pthread.h>
@@ -22,6 +26,7 @@
 #include "mp.h"
 
 #define MAX_SAMPLES 20000
+#define PERIOD_NS 5000000LL /* one slice */
 
 static const char *sock_path;
 static double seconds, warmup = 0.5;
@@ -30,6 +35,7 @@ typedef struct {
     int index;
     double *samples;
     int n;
+    long pairs;
     uint8_t buf[MP_MAX_MESSAGE];
     size_t len;
     mp_node nodes[1024];
@@ -87,11 +93,15 @@ static void *run(void *arg) {
     if (send_w(fd, &w) || wait_op(fd, c, "registered"))
         exit(1);
     unsigned seed = (unsigned)c->index * 7919u + 1;
-    struct timespec phase = {0, (long)(rand_r(&seed) % 5000000)};
-    nanosleep(&phase, NULL);
+    int64_t next = now_ns() + (int64_t)(rand_r(&seed) % PERIOD_NS);
     int64_t measure = now_ns() + (int64_t)(warmup * 1e9);
     int64_t end = measure + (int64_t)(seconds * 1e9);
-    while (now_ns() < end && c->n < MAX_SAMPLES) {
+    for (;;) {
+        struct timespec at = {(time_t)(next / 1000000000LL), (long)(next % 1000000000LL)};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL);
+        if (now_ns() >= end || c->n >= MAX_SAMPLES)
+            break;
+        next += PERIOD_NS;
         mp_writer_init(&w, b, sizeof b);
         mp_w_map(&w, 3), mp_w_str(&w, "op"), mp_w_str(&w, "acquire"), mp_w_str(&w, "id"), mp_w_int(&w, 0),
             mp_w_str(&w, "gpu"), mp_w_int(&w, 0);
@@ -121,13 +131,12 @@ static void *run(void *arg) {
         }
         if (t0 >= measure)
             c->samples[c->n++] = (double)(now_ns() - t0) / 1e3;
+        c->pairs++;
         mp_writer_init(&w, b, sizeof b);
         mp_w_map(&w, 4), mp_w_str(&w, "op"), mp_w_str(&w, "release"), mp_w_str(&w, "gpu"), mp_w_int(&w, 0),
             mp_w_str(&w, "lease"), mp_w_int(&w, lease), mp_w_str(&w, "used_ns"), mp_w_int(&w, 0);
         if (send_w(fd, &w))
             exit(1);
-        struct timespec slice = {0, 5000000};
-        nanosleep(&slice, NULL);
     }
     close(fd);
     return NULL;
@@ -159,9 +168,11 @@ int main(int argc, char **argv) {
             return 1;
     }
     int total = 0;
+    long pairs = 0;
     for (int i = 0; i < n; i++) {
         pthread_join(ts[i], NULL);
         total += cs[i].n;
+        pairs += cs[i].pairs;
     }
     double *all = malloc((size_t)(total ? total : 1) * sizeof *all);
     int k = 0;
@@ -171,8 +182,8 @@ int main(int argc, char **argv) {
         free(cs[i].samples);
     }
     qsort(all, (size_t)total, sizeof *all, cmp);
-    printf("rtt clients=%d samples=%d p50_us=%.1f p99_us=%.1f\n", n, total, total ? all[total / 2] : 0.0,
-           total ? all[(int)(total * 0.99)] : 0.0);
+    printf("rtt clients=%d samples=%d p50_us=%.1f p99_us=%.1f pairs_per_s=%.0f pairs_total=%ld\n", n, total,
+           total ? all[total / 2] : 0.0, total ? all[(int)(total * 0.99)] : 0.0, total / seconds, pairs);
     free(all);
     free(cs);
     free(ts);

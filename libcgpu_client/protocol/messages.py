@@ -1,8 +1,11 @@
 """Every message of the cgpu protocol, version 1, as a typed constructor with its validation.
 
-A message is a frozen dataclass registered under its ``op``; its fields are
-the wire fields. A field with no default is required (``X | None`` without a
-default: required, may be nil); a field with a default is optional and left
+A message is a dataclass registered under its ``op``, frozen to the type
+checker (slotted, but not frozen at run time: a frozen dataclass is built
+through ``object.__setattr__`` field by field, which made building one the
+costliest step of decoding an acquire). Its fields are the wire fields. A
+field with no default is required (``X | None`` without a default: required,
+may be nil); a field with a default is optional and left
 off the wire while it holds that default. :func:`decode` checks a decoded
 frame against its class and builds it; :meth:`Message.pack` frames one.
 ``proto/schema.json`` is generated from these classes (schema.py).
@@ -98,11 +101,11 @@ def compile_type(tname: str) -> Checker:
 
 @typing.dataclass_transform(frozen_default=True)
 def message(op: str, direction: str, reply: str | None = None) -> Callable[[type[T]], type[T]]:
-    """Make ``cls`` a frozen, slotted dataclass registered under ``op``, with its field table taken from
-    its annotations."""
+    """Make ``cls`` a slotted dataclass (frozen to the type checker) registered under ``op``, with its field
+    table taken from its annotations."""
 
     def register(plain: type[T]) -> type[T]:
-        cls = dataclass(frozen=True, slots=True)(plain)
+        cls = dataclass(slots=True)(plain)
         hints = typing.get_type_hints(cls)
         table: dict[str, FieldSpec] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]

@@ -106,3 +106,19 @@ def test_the_auto_slice_converges_to_the_hand_over_over_the_target(cost: SwitchC
 def test_a_pinned_slice_is_kept_whatever_the_hand_over() -> None:
     _, sim = run(1, [SimInstance("A", workload=busy(0.5)), SimInstance("B", workload=busy(0.5))], slice_ms=7)
     assert sim.sched.slice_ns == 7 * NS_PER_MS and sim.sched.handover.median > 0
+
+
+@given(st.lists(st.integers(-2 * NS_PER_MS, 100 * NS_PER_MS), min_size=1, max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_expected_hand_over_is_the_mean_of_the_recent_samples_each_kept_in_bounds(samples: list[int]) -> None:
+    """The meter's expected overhead, by its definition: every refresh, the mean of the last 63
+    samples, each clamped to the median plus or minus three interquartile ranges."""
+    from arbiterd.core.accounting import SAMPLES, HandoverMeter
+
+    meter = HandoverMeter()
+    for n, x in enumerate(samples, 1):
+        if meter.observe(x):
+            recent = sorted(samples[max(0, n - SAMPLES):n])
+            assert meter.median == recent[len(recent) // 2]
+            kept = [min(max(v, meter.lo), meter.hi) for v in recent]
+            assert meter.expected == max(0, sum(kept) // len(kept))

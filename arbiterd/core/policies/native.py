@@ -24,13 +24,14 @@ class Native(Policy):
         gpu = self.gpu
         effects: list[Effect] = []
         for inst in gpu.instances.values():
-            if inst.weight == 0 or not inst.waiters:
+            if not inst.waiters or inst.weight == 0:
                 continue
             for client, t in list(inst.waiters.items()):
                 lease = Lease(gpu.next_lease_id(), inst, {client}, now, now + NATIVE_LEASE_NS,
                               native_client=client, owner=self)
                 gpu.native[client] = lease
                 inst.grants += 1
+                inst.leases += 1
                 gpu.stats.grants += 1
                 effects.append(Grant(client, gpu.index, lease.id, lease.deadline_ns, now - t))
             inst.waiters.clear()

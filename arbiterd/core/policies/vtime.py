@@ -56,9 +56,8 @@ class VirtualTime(Policy):
         later cannot claim that time.
         """
         gpu = self.gpu
-        holding = {lease.inst for lease in gpu.holders()}
         active = [i.vruntime for i in gpu.instances.values()
-                  if i.weight > 0 and (i.waiters or i in holding or i is inst or self.counts_for_floor(i))]
+                  if i.weight > 0 and (i.waiters or i.leases or i is inst or self.counts_for_floor(i))]
         if active:
             gpu.min_vr = max(gpu.min_vr, min(active))
 
