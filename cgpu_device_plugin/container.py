@@ -1,4 +1,4 @@
-"""What an allocated container gets: its environment (SPEC §6) and its mounts."""
+"""What an allocated container gets: its environment (docs/behaviour.md §6) and its mounts."""
 
 from __future__ import annotations
 

@@ -13,9 +13,10 @@ first, then the GPU's policy. A lease is billed by the class that granted it,
 for its *useful* time: from grant to release, overrun included, less the
 hand-over it cost (measured per lease: the transit both ways, the client's wait
 for its first use and its first operations' warm-up; accounting.py). The
-median hand-over lengthens every turn so that it holds its useful time, and
-sizes ``slice_ms = auto``. A holder still holding ``overrun_ms`` after its
-deadline (or a revoke) is cut off, charged up to then and counted.
+expected hand-over (the mean of the recent ones) lengthens every turn so that
+it holds its useful time, and sizes ``slice_ms = auto``. A holder still
+holding ``overrun_ms`` after its deadline (or a revoke) is cut off, charged up
+to then and counted.
 """
 
 from __future__ import annotations
@@ -434,7 +435,7 @@ class GpuScheduler(GpuState):
         return leases
 
     def _measure(self, lease: Lease, now: int, used_ns: int, warmup_ns: int) -> None:
-        """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the median."""
+        """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the meter."""
         overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
         if self.handover.observe(overhead):
             self._refresh_slice(now)
