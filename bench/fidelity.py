@@ -75,8 +75,10 @@ def rate(ends: list[int], t0: int, t1: int) -> float:
     return sum(1 for t in ends if t0 <= t < t1) / ((t1 - t0) / 1e9)
 
 
-def account(books: dict[str, float], ts: Any, row: Row, before: dict[str, Any], after: dict[str, Any]) -> None:
-    """Add what the daemon says of one contended run: each tenant's entitled, delivered and error seconds.
+def account(books: dict[str, float], ts: Any, row: Row, before: dict[str, Any], after: dict[str, Any],
+            role: dict[str, str]) -> None:
+    """Add what the daemon says of one contended run: each tenant's entitled, delivered and error seconds,
+    under the role it played (``role``: a process's name to the row's tenant whose weight it had).
 
     (The daemon's view: useful time it granted, against the share its policy owed, while the tenant had
     demand; the row's share columns are the tenants' own view, their operation rates.)
@@ -94,7 +96,7 @@ def account(books: dict[str, float], ts: Any, row: Row, before: dict[str, Any], 
                                                                     "owed_seconds")}
         for key, v in (("entitled_pct", d["entitled_seconds"]), ("delivered_pct", d["delivered_seconds"]),
                        ("error_pp", d["delivered_seconds"] - d["owed_seconds"])):
-            books[f"{t.name}.{key}"] = books.get(f"{t.name}.{key}", 0.0) + v
+            books[f"{role[t.name]}.{key}"] = books.get(f"{role[t.name]}.{key}", 0.0) + v
 
 
 def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,7 +135,9 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
             t0, t1 = ts.run([t.name for t in busy], args.contended)
             after = daemon.status()
             gpu = after["gpus"][0]
-            account(books, ts, row, before, after)
+            by_weight = {t.weight: t.name for t in busy}
+            account(books, ts, row, before, after,
+                    {t.name: by_weight[weights[t.name]] if row.ratio and t.busy else t.name for t in row.tenants})
             runs.append((t0, t1, weights))
             alone()
         ends = {t.name: ts.ends(t.name) for t in busy}
@@ -262,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                 "handover_target_pct 2, policy set per row through the tree); the pinned row sets slice_ms 5. "
                 "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
                 "in the same run; window: whole rounds after a warm-up. The last three columns are the daemon's "
-                "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err): "
+                "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err; in a "
+                "1:2 row, where the processes swap weights, by the weight each had): "
                 "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
                 "tenant had demand), in points.", "",
                 "| tenants | row | policy | settings | slice in force / hand-over (ms) | tenant | target % | "
