@@ -7,8 +7,9 @@ grant's arrival to its first gated use, and the slowness of its first
 operations; an unbiased estimate, so it may be below zero). Each lease is
 billed its held time less its own overhead, kept within the GPU's median plus or
 minus three interquartile ranges, so that a client that misreports gains little.
-The mean of the recent overheads, each kept so, is the *expected* overhead: it
-lengthens each turn so that it holds its nominal useful time, and it sizes
+The mean of the recent overheads, each kept so, is the GPU's *expected*
+overhead (each instance keeps its own as well, which lengthens its turns so
+that they hold their nominal useful time; scheduler.py), and it sizes
 ``slice_ms = auto``: the shortest slice whose hand-over stays at or under
 ``handover_target_pct`` %.
 """

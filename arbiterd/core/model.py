@@ -39,6 +39,8 @@ class InstanceState:
     grants: int = 0
     leases: int = 0  # leases it holds now (one, or one per client under the native policy)
     served: int = 0  # sequence number of its last grant: ties go to the least recently served
+    handover_ns: int = -1  # its own expected hand-over: a running mean of its leases' (-1: none yet)
+    extension_ns: int = -1  # what its turns are lengthened by now (-1: the GPU's, until it has its own)
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 
 
@@ -105,6 +107,10 @@ class GpuState:
         self.handover = HandoverMeter()
         self.slice_ns = self.pick_slice_ns()
         self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
+
+    def extension_for(self, inst: InstanceState) -> int:
+        """What a turn of ``inst`` is lengthened by: its own expected hand-over, the GPU's until it has one."""
+        return inst.extension_ns if inst.extension_ns >= 0 else self.extension_ns
 
     def pick_slice_ns(self) -> int:
         """The slice in force: the pinned ``slice_ms``, or what ``auto`` makes of the measured hand-over."""

@@ -12,9 +12,10 @@ The choice is made by two classes, asked in turn (policies/): high priority
 first, then the GPU's policy. A lease is billed by the class that granted it,
 for its *useful* time: from grant to release, overrun included, less the
 hand-over it cost (measured per lease: the transit both ways, the client's wait
-for its first use and its first operations' warm-up; accounting.py). The
-expected hand-over (the mean of the recent ones) lengthens every turn so that
-it holds its useful time, and sizes ``slice_ms = auto``. A holder still
+for its first use and its first operations' warm-up; accounting.py). Each
+instance's own expected hand-over (a running mean of its leases') lengthens
+its turns so that they hold their useful time; the GPU's (the mean of the
+recent leases') sizes ``slice_ms = auto``. A holder still
 holding ``overrun_ms`` after its deadline (or a revoke) is cut off, charged up
 to then and counted.
 """
@@ -33,6 +34,7 @@ from arbiterd.core.policies import NATIVE, HighPriority, Policy, make_policy
 from arbiterd.core.settings import GPU, INSTANCE, GpuSettings, check_gpu_settings
 
 SHARES_REMEMBERED = 256  # sets of instances with demand whose entitled shares are kept
+OWN_HANDOVER_LEASES = 16  # an instance's expected hand-over is a running mean over about this many leases
 
 
 class GpuScheduler(GpuState):
@@ -439,7 +441,23 @@ class GpuScheduler(GpuState):
         overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
         if self.handover.observe(overhead):
             self._refresh_slice(now)
-        lease.discount_ns = min(self.handover.discount(overhead), now - lease.granted_ns)
+        kept = self.handover.discount(overhead)
+        lease.discount_ns = min(kept, now - lease.granted_ns)
+        if not self.policy.concurrent:
+            self._follow_own_handover(lease.inst, kept, now)
+
+    def _follow_own_handover(self, inst: InstanceState, kept: int, now: int) -> None:
+        """An instance's turns are lengthened by its own expected hand-over: one process may pay more than
+        another (one that wakes after the GPU idled, a slow starter), and the GPU's mean would leave it short
+        and the others long. A running mean of its bounded overheads; the extension follows it once it has
+        moved by 5 % and 20 µs, so rings are not rebuilt for every sample."""
+        own = kept if inst.handover_ns < 0 else inst.handover_ns + (kept - inst.handover_ns) // OWN_HANDOVER_LEASES
+        inst.handover_ns = own
+        own = max(0, own)
+        moved = abs(own - inst.extension_ns)
+        if inst.extension_ns < 0 or (moved * 20 > inst.extension_ns and moved > 20_000):
+            inst.extension_ns = own
+            self.policy.changed(now)
 
     def _cutoff(self, lease: Lease) -> int:
         base = lease.revoked_ns if lease.revoked_ns is not None else lease.deadline_ns

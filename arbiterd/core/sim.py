@@ -11,7 +11,8 @@ op that starts just before the deadline overruns it, as on a real GPU.
 
 A :class:`SwitchCost` makes each hand-over cost something, as it does on a
 real host: messages take ``transit_ns`` each way, a client starts its first op
-``wake_ns`` after the grant arrives, and that op takes ``warm_ns`` longer; the
+``wake_ns`` after the grant arrives, and that op takes ``warm_ns`` longer (plus
+its instance's own ``warm_ns``: one process may pay more than another); the
 client reports the last two as the gate does (``warmup_ns``). Workloads: busy,
 idle, bursty (on/off) and any op length. The share measured is *useful* time
 (the nominal op time done). :meth:`Simulation.run` integrates the scheduler's entitled share
@@ -92,6 +93,7 @@ class SimInstance:
     highprio: bool = False
     workload: Workload = field(default_factory=busy)
     clients: int = 1
+    warm_ns: int = 0  # this instance's warm-up on top of the hand-over's (a process slow to get going)
 
 
 @dataclass(slots=True)
@@ -274,8 +276,9 @@ class Simulation:
         if c.lease is not None and not c.revoked and self.now < c.deadline:
             c.op_end = self.now + wl.op_ns
             if c.cold:  # the lease's first op: slower by the warm-up, after the wake-up it waited
-                c.op_end += self.switch.warm_ns
-                c.lost_ns = self.now - c.got_at + self.switch.warm_ns
+                warm = self.switch.warm_ns + c.inst.warm_ns
+                c.op_end += warm
+                c.lost_ns = self.now - c.got_at + warm
                 c.cold = False
             self._push(c.op_end, "op", c.cid)
             return []

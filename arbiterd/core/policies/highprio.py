@@ -97,7 +97,7 @@ class HighPriority:
             return None
         r = self.gpu.settings.prio_ratio
         length = min(self.credit // (100 - r), hp.weight * self.gpu.slice_ns)
-        ext = self.gpu.extension_ns
+        ext = self.gpu.extension_for(hp)
         return self.gpu.grant(hp, now, now + max(length, 1) + ext, self, highprio=True, extension=ext)
 
     def wakeup(self, lease: Lease | None) -> int | None:

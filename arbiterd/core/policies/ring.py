@@ -53,14 +53,13 @@ class Ring(Policy):
             members.append((inst, n))
             used += n
         runs = self.layout(members, gpu.settings.max_inst - used)
-        # an owned segment holds its slots' useful time plus its hand-over, taken from the idle slots
-        ext = gpu.extension_ns
+        # an owned segment holds its slots' useful time plus its owner's hand-over, taken from the idle slots
         idle_slots = sum(n for owner, n in runs if owner is None)
-        taken = ext * sum(1 for owner, _ in runs if owner is not None)
+        taken = sum(gpu.extension_for(owner) for owner, _ in runs if owner is not None)
         segs: list[tuple[InstanceState | None, int]] = []
         for owner, n in runs:
             if owner is not None:
-                segs.append((owner, n * gpu.slice_ns + ext))
+                segs.append((owner, n * gpu.slice_ns + gpu.extension_for(owner)))
             elif (length := n * gpu.slice_ns - taken * n // idle_slots) > 0:
                 segs.append((None, length))
         had_segments = bool(self.segments)
@@ -105,7 +104,7 @@ class Ring(Policy):
             self.start((self.idx + 1) % len(self.segments), self.seg_end)
         owner = self.segments[self.idx][0]
         if owner is not None and owner.waiters:
-            ext = min(gpu.extension_ns, self.seg_end - now)
+            ext = min(gpu.extension_for(owner), self.seg_end - now)
             return gpu.grant(owner, now, self.seg_end, self, ring=True, extension=ext)
         return []
 

@@ -96,7 +96,7 @@ class VirtualTime(Policy):
     def grant_turn(self, inst: InstanceState, now: int, length: int) -> list[Effect]:
         """Grant a turn of ``length`` useful ns, lengthened by the expected hand-over; extend it while
         nobody else wants the GPU (no renewals when alone)."""
-        ext = self.gpu.extension_ns
+        ext = self.gpu.extension_for(inst)
         if self.contended(inst) or inst.highprio:
             return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
         effects = self.gpu.grant(inst, now, now + max(length + ext, EXTENDED_NS), self, extension=ext)
@@ -203,7 +203,7 @@ class Weighted(VirtualTime):
             return []
         inst, length = self.next_turn(members)
         if inst.waiters:
-            self.owed += gpu.extension_ns
+            self.owed += gpu.extension_for(inst)
             return self.grant_turn(inst, now, length)
         inst.vruntime += length * VR_SCALE // inst.weight
         gpu.turns += 1
