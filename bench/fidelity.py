@@ -69,6 +69,21 @@ ROWS = (
         ratio=True, pinned=True),
 )
 ROW_DEFAULTS = {"max_inst": "16", "prio_ratio": "50", "slice_ms": "auto"}
+ROUNDS = 8  # a contended run lasts at least this many of the row's rounds after its warm-up
+
+
+def round_s(row: Row) -> float:
+    """How long one round of the row's policy takes at most: every tenant's turns once (idle ones' too on 2,
+    the whole ring on 0 and 3), at the pinned slice or the longest that auto may choose (100 ms)."""
+    settings = {**ROW_DEFAULTS, **row.settings}
+    slice_ms = int(settings["slice_ms"]) if settings["slice_ms"] != "auto" else 100
+    if row.policy in (0, 3):
+        slots = int(settings["max_inst"])
+    elif row.policy == 2:
+        slots = sum(t.weight for t in row.tenants)
+    else:
+        slots = sum(1 for t in row.tenants if t.busy)
+    return slots * slice_ms / 1e3
 
 
 def rate(ends: list[int], t0: int, t1: int) -> float:
@@ -132,7 +147,9 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
                 daemon.set(f"0/{ts.instance(name)}/weight", str(weights[name]))
             daemon.set("0/policy", str(row.policy))
             before = daemon.status()
-            t0, t1 = ts.run([t.name for t in busy], args.contended)
+            # whole rounds are measured: a row with long rounds (3:5:7 at 100 ms is 1.5 s) runs longer
+            seconds = max(args.contended, args.warmup + ROUNDS * round_s(row))
+            t0, t1 = ts.run([t.name for t in busy], seconds)
             after = daemon.status()
             gpu = after["gpus"][0]
             by_weight = {t.weight: t.name for t in busy}
@@ -215,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=4, help="contended runs per row, each between runs alone "
                    "(a multiple of 4 in 1:2 rows, for the ABBA swaps)")
     p.add_argument("--exclusive", type=float, default=1.5, help="seconds of each tenant's run alone")
-    p.add_argument("--contended", type=float, default=6.0, help="seconds of each contended run")
+    p.add_argument("--contended", type=float, default=6.0, help="seconds of each contended run, at least: "
+                   "a run lasts 8 of the row's rounds after its warm-up")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of a contended run left out")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)

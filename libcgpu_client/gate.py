@@ -201,7 +201,7 @@ class Gate:
             self._waiting = False
             self._lease = lease
             self._granted_at = _now()
-            self._warmup.begin(self._granted_at)
+            self._warmup.begin(self._granted_at, deadline)
             self._mark_at = 0
             self._deadline = deadline
             self._has_lease.set()

@@ -5,10 +5,11 @@ Two parts: the *wake-up*, from the grant's arrival to the first use of the lease
 the device back runs slower for a while (cold caches, threads asleep, and on a
 virtual machine cores that slept). Where operations run synchronously (the CPU
 as simulated GPU) the warm-up is the shortfall of the lease's first stretch
-(its first :data:`SETTLE_NS`, or all of a shorter lease) against the process's
-settled pace: time used, less uses times that pace. The settled pace is sampled
-in 20 ms chunks after each lease's first stretch, and is the total time over
-the total uses of the last 64 chunks: the mean, not the median, because stalls
+(its first :data:`SETTLE_NS`, or the first half of a shorter lease) against the
+process's settled pace: time used, less uses times that pace. The settled pace
+is sampled in chunks of up to 20 ms after each lease's first stretch, so that
+short leases keep it fresh too, and is the total time over the total uses of
+the last 64 chunks: the mean, not the median, because stalls
 and slow operations belong to running, not to the hand-over, so the estimate is
 unbiased (it can come out below zero, where a lease started faster than usual).
 Only the first stretch is compared because a pace that is off by a little,
@@ -37,14 +38,15 @@ class WarmupMeter:
         self.paces: deque[tuple[int, int]] = deque(maxlen=PACES)  # (ns, uses) of chunks after a first stretch
         self._ns = self._uses = 0  # their sums
         self.granted_at = 0
+        self.deadline = NEVER
         self.first = -1  # not used yet
         self.first_uses = 0
         self.settled_at, self.settled_uses = -1, 0  # the end of the first stretch (-1: not reached)
         self.mark_at, self.mark_uses = 0, 0  # the last mark
 
-    def begin(self, granted_at: int) -> None:
-        """A lease arrived at ``granted_at``."""
-        self.granted_at, self.first, self.settled_at = granted_at, -1, -1
+    def begin(self, granted_at: int, deadline: int = NEVER) -> None:
+        """A lease arrived at ``granted_at``, to end at ``deadline``."""
+        self.granted_at, self.deadline, self.first, self.settled_at = granted_at, deadline, -1, -1
 
     def mark(self, now: int, uses: int) -> int:
         """The lease is used at ``now`` (``uses`` counted so far); returns when the next mark is due."""
@@ -55,7 +57,9 @@ class WarmupMeter:
         else:  # a chunk after the first stretch: a sample of the pace
             self._sample(now, uses)
         self.mark_at, self.mark_uses = now, uses
-        return now + (SETTLE_NS if self.first == now else CHUNK_NS)
+        if self.first == now:  # the first stretch: SETTLE_NS, or half of a shorter lease
+            return now + min(SETTLE_NS, max(0, self.deadline - now) // 2)
+        return now + CHUNK_NS
 
     def _sample(self, now: int, uses: int) -> None:
         if uses - self.mark_uses < MIN_USES:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from libcgpu_client.warmup import CHUNK_NS, SETTLE_NS, WarmupMeter
+from libcgpu_client.warmup import CHUNK_NS, NEVER, SETTLE_NS, WarmupMeter
 
 MS = 1_000_000
+NS_PER_S = 1_000_000_000
 
 
-def lease(m: WarmupMeter, granted: int, first: int, gaps: list[int], at_use: bool = True) -> int:
+def lease(m: WarmupMeter, granted: int, first: int, gaps: list[int], at_use: bool = True,
+          deadline: int = NEVER) -> int:
     """A lease granted at ``granted``, first used at ``first``, then one use after each gap; returns lost."""
-    m.begin(granted)
+    m.begin(granted, deadline)
     uses, t, due = 1, first, m.mark(first, 1)
     for gap in gaps:
         t += gap
@@ -94,3 +96,24 @@ def test_marks_are_due_after_the_first_stretch_then_every_chunk() -> None:
     m.begin(0)
     assert m.mark(5 * MS, 1) == 5 * MS + SETTLE_NS
     assert m.mark(5 * MS + SETTLE_NS, 40) == 5 * MS + SETTLE_NS + CHUNK_NS
+
+
+def test_a_short_lease_compares_its_first_half_and_its_second_half_refreshes_the_pace() -> None:
+    """5 ms leases never reach a 50 ms first stretch: the pace learnt long ago (0.4 ms) would go stale
+    while the machine slows to 0.5 ms. Each short lease's second half is a sample, so the pace follows,
+    and its first half is what is compared: 1 ms of slow start shows as 1 ms."""
+    m = WarmupMeter()
+    lease(m, 0, 0, [400_000] * 200)
+    for k in range(200):  # the machine is now 25 % slower: 5 ms leases of 0.5 ms ops
+        t0 = k * 10 * MS
+        lease(m, t0, t0, [500_000] * 10, deadline=t0 + 5 * MS)
+    assert m.pace() == pytest.approx(500_000, rel=0.01)
+    t0 = 10 * NS_PER_S
+    lost = lease(m, t0, t0, [1_500_000] + [500_000] * 8, deadline=t0 + 5 * MS)
+    assert lost == pytest.approx(1 * MS, rel=0.05)
+
+
+def test_the_first_stretch_is_due_after_half_a_short_lease() -> None:
+    m = WarmupMeter()
+    m.begin(0, 8 * MS)
+    assert m.mark(2 * MS, 1) == 2 * MS + 3 * MS
