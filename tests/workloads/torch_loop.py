@@ -6,8 +6,9 @@ With ``module`` the matmul runs inside an ``nn.Module`` call, timed inside it,
 and nothing else checks the gate: the module hooks of ``CGPU_TORCH_HOOK=module``
 alone hold it to its share. With ``layer`` it is a built-in ``nn.Linear`` with
 autograd off, which the default hook gates at its call (its fast path) and
-nothing else: an operator's interval starts when the call starts or, if the
-gate waited inside it, when that wait ended.
+nothing else. In every mode an operator's interval starts when the call starts
+or, if the gate waited inside it, when that wait ended: a turn that ends
+between the loop's own check and the operator is not counted as operator time.
 
 Writes {"intervals": [[start_ns, end_ns], ...], "errors": [...]} with
 CLOCK_MONOTONIC times (host-wide, so intervals of two processes compare).
@@ -42,6 +43,15 @@ class MatMul(torch.nn.Module):
 rt = runtime.current()
 assert rt is not None, "cgpu is not active"
 gate = rt.gate(0)
+slow, waited = gate._slow, [0]
+
+
+def timed_slow() -> None:
+    slow()
+    waited[0] = time.monotonic_ns()
+
+
+gate._slow = timed_slow  # type: ignore[method-assign]
 end = time.monotonic() + seconds
 if sys.argv[4:] == ["module"]:
     mm = MatMul()
@@ -49,13 +59,6 @@ if sys.argv[4:] == ["module"]:
         mm(a)  # gated by the module hooks alone
 elif sys.argv[4:] == ["layer"]:
     linear = torch.nn.Linear(size, size, bias=False)
-    slow, waited = gate._slow, [0]
-
-    def timed_slow() -> None:
-        slow()
-        waited[0] = time.monotonic_ns()
-
-    gate._slow = timed_slow  # type: ignore[method-assign]
     with torch.inference_mode():
         while time.monotonic() < end:
             t = time.monotonic_ns()
@@ -63,9 +66,9 @@ elif sys.argv[4:] == ["layer"]:
             intervals.append((max(t, waited[0]), time.monotonic_ns()))
 else:
     while time.monotonic() < end:
-        gate.check()  # wait for the lease outside the timed region; the interposer checks again (fast path)
+        gate.check()  # wait for the lease outside the timed region; the interposer checks again
         t = time.monotonic_ns()
-        torch.mm(a, b)
-        intervals.append((t, time.monotonic_ns()))
+        torch.mm(a, b)  # if the lease ended since the check, the interposer waits for the next turn here
+        intervals.append((max(t, waited[0]), time.monotonic_ns()))
 with open(out, "w") as f:
     json.dump({"intervals": intervals}, f)
