@@ -325,6 +325,7 @@ class GpuScheduler(GpuState):
         if owner is not None and owner is not inst:
             raise ConflictError(f"client {client} belongs to instance {owner.name}, not {name}")
         self._client_inst[client] = inst
+        self.hp.accrue(now)  # up to now, with the demand there was before this request
         effects: list[Effect] = []
         for held in self._leases_of(client):
             if held.revoked_ns is None and now < held.deadline_ns:

@@ -161,6 +161,38 @@ def test_highprio_preempts_holder_by_revoke() -> None:
     assert current and isinstance(effects[0], Grant) and effects[0].client == 2
 
 
+@pytest.mark.parametrize("op_ms", [10, 40])
+def test_highprio_keeps_prio_ratio_when_normal_operations_outlast_a_slice(op_ms: float) -> None:
+    """A preempted holder finishes the operation it started (2 to 8 slices here; a batch of queued
+    kernels on a GPU): what it takes past the revoke is banked for the waiting high-priority instance,
+    whose next turn spends it. Before, the bank was capped at two slices and this read 50 / 50."""
+    insts = [SimInstance("H", 1, highprio=True, workload=busy(op_ms)), SimInstance("N", 1, workload=busy(op_ms))]
+    res = run(1, insts, prio_ratio=60, slice_ms=5)
+    assert pct(res, "H") == pytest.approx(60, abs=TOL)
+    assert pct(res, "N") == pytest.approx(40, abs=TOL)
+
+
+def test_highprio_back_from_idle_brings_at_most_two_slices_of_credit() -> None:
+    """Idle for 1 s beside a busy normal instance, it banks two slices, not 60 % of the second: its
+    first turn is 2 x 5 ms plus 60/40 of the 1 ms the normal holder took to give the GPU back."""
+    sched = GpuScheduler(0, GpuSettings(policy=1, prio_ratio=60, slice_ms=5))
+    sched.add_instance("N", 1, False, 0)
+    sched.add_instance("H", 1, True, 0)
+    (grant,) = sched.acquire("N", 1, 0)
+    assert isinstance(grant, Grant)
+    t = grant.deadline_ns
+    while t < NS_PER_S:
+        effects, _ = sched.release(1, grant.lease, t, again=True)
+        (grant,) = effects
+        assert isinstance(grant, Grant)
+        t = grant.deadline_ns
+    assert sched.acquire("H", 2, t) == [Revoke(1, 0, grant.lease, "highprio")]
+    effects, _ = sched.release(1, grant.lease, t + NS_PER_MS)
+    (first,) = effects
+    assert isinstance(first, Grant) and first.client == 2
+    assert first.deadline_ns - (t + NS_PER_MS) == 2 * 5 * NS_PER_MS + NS_PER_MS * 60 // 40
+
+
 def test_two_highprio_instances_share_by_policy() -> None:
     res = run(2, [SimInstance("H1", 1, highprio=True), SimInstance("H2", 2, highprio=True),
                   SimInstance("N", 1)], prio_ratio=60)

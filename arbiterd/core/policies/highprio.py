@@ -1,10 +1,14 @@
 """High priority: a class above every policy, like Linux's real-time class above CFS.
 
 A high-priority instance runs on a credit that grows at ``prio_ratio`` % of wall
-time and is spent 1:1 while it holds the GPU. At most two slices' worth can be
-banked, so over any window it gets at most ``prio_ratio`` % plus two slices.
-With demand and credit for a slice it preempts a normal holder by revoke; the
-policy below never sees it then. Under the work-conserving policies (1, 4) an
+time and is spent 1:1 while it holds the GPU. While none waits, at most two
+slices' worth can be banked, so it cannot come back from idle with a burst.
+While one waits, what a normal holder takes past its revoke (the work it had
+queued) is banked too, up to a window's worth, and the next high-priority turn
+lasts as long as its credit pays for: ``prio_ratio`` holds over a window even
+when the others' operations are longer than a slice. With demand and credit
+for a slice it preempts a normal holder by revoke; the policy below never
+sees it then. Under the work-conserving policies (1, 4) an
 instance out of credit may still take time no normal instance wants: that is
 the policy's choice (its candidates), not this class's.
 """
@@ -13,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from arbiterd.core.effects import Effect
+from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+
+WINDOW_NS = NS_PER_S  # the window prio_ratio is kept over: no high-priority turn is longer
 
 
 class HighPriority:
@@ -24,9 +30,12 @@ class HighPriority:
         self.t = now
 
     def cap(self) -> int:
-        # Two slices' worth of banked credit: over any window W a high-priority
-        # instance gets at most prio_ratio % of W plus two slices.
+        """Credit banked while no high-priority instance waits: two slices' worth."""
         return (100 - self.gpu.settings.prio_ratio) * 2 * self.gpu.slice_ns
+
+    def owed_cap(self) -> int:
+        """Credit banked while one waits on a normal holder: a turn of up to a window."""
+        return (100 - self.gpu.settings.prio_ratio) * max(2 * self.gpu.slice_ns, WINDOW_NS)
 
     def threshold(self) -> int:
         return (100 - self.gpu.settings.prio_ratio) * self.gpu.slice_ns
@@ -39,7 +48,7 @@ class HighPriority:
         self.credit += self.gpu.settings.prio_ratio * dt
         lease = self.gpu.lease
         if lease is None or not lease.highprio:
-            self.credit = min(self.credit, self.cap())
+            self.credit = min(self.credit, self.cap() if self.candidate() is None else self.owed_cap())
 
     def clamp(self) -> None:
         """After ``prio_ratio`` or the slice changed: no more banked than the new cap."""
@@ -96,7 +105,7 @@ class HighPriority:
         if hp is None or not self.ready(now):
             return None
         r = self.gpu.settings.prio_ratio
-        length = min(self.credit // (100 - r), hp.weight * self.gpu.slice_ns)
+        length = self.credit // (100 - r)  # a slice, or more where the others overran its preemption
         ext = self.gpu.extension_for(hp)
         return self.gpu.grant(hp, now, now + max(length, 1) + ext, self, highprio=True, extension=ext)
 
