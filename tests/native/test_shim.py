@@ -35,7 +35,9 @@ def status_of(d: DaemonProc, instance: str) -> dict[str, object]:
 def pair(native: Native, d: DaemonProc, tmp: Path, seconds: float, kernel_ms: float, batch: int,
          **kw: str) -> tuple[float, float, float, float]:
     """Weights 1 (direct linking) and 2 (dlopen), both spinning; kernel seconds in the common window,
-    the window, and the overlap between them."""
+    the window, and the overlap between them. The window is whole rounds: from the start of one of
+    the weight-1 process's turns to the start of a later one, so a turn cut at either edge (120 ms
+    with 60 ms kernels, 4 % of what weight 1 gets in 10 s) does not move the ratio."""
     tr = tmp / "trace"
     start, end = at(1.0), at(1.0 + seconds)
     spin = f"spin={kernel_ms},{batch},{start},{end}"
@@ -48,7 +50,10 @@ def pair(native: Native, d: DaemonProc, tmp: Path, seconds: float, kernel_ms: fl
         assert p.returncode == 0, err
         pids.append(p.pid)
     runs = trace.read(tr)
-    t0, t1 = start + 500_000_000, end - 200_000_000  # both are past their first grant and not yet done
+    # both are past their first grant and not yet done
+    starts = [t for t in trace.turn_starts(runs[pids[0]]) if start + 500_000_000 <= t <= end - 200_000_000]
+    assert len(starts) >= 2, starts
+    t0, t1 = starts[0], starts[-1]
     a, b = (trace.busy(runs[pid], t0, t1) for pid in pids)
     return a, b, (t1 - t0) / 1e9, trace.overlap(runs)
 
@@ -58,7 +63,7 @@ def test_weights_1_2_get_kernel_time_1_2(native: Native, daemon_factory: type, s
     and kernels of the two processes never run at once."""
     d = daemon_factory.start(*DAEMON, "--policy", "2", "--slice-ms", "20")
     a, b, win, ov = pair(native, d, short_tmp, 10.7, 2, 4)
-    assert win >= 10
+    assert win >= 9.5, win
     assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
     assert ov < 0.001, ov
     assert (a + b) / win > 0.75, (a, b, win)  # the GPU is not left idle between turns
@@ -73,7 +78,9 @@ def test_kernels_three_slices_long_are_waited_for_and_charged(native: Native, da
     assert b / a == pytest.approx(2.0, rel=0.05), (a, b, win)
     assert ov < 0.001, ov  # the next holder starts only after the queued kernels finished
     held = {i: float(status_of(d, i)["held_seconds"]) for i in ("w1", "w2")}  # type: ignore[arg-type]
-    assert held["w2"] / held["w1"] == pytest.approx(2.0, rel=0.05), held  # what the daemon charged
+    # What the daemon charged, over the whole run: its first and last turns (120 ms each, 3 % of what
+    # weight 1 holds) are in it, so ±10 % (1.90 to 2.00 in runs here).
+    assert held["w2"] / held["w1"] == pytest.approx(2.0, rel=0.10), held
 
 
 @pytest.mark.parametrize("api", ["ex", "coop", "graph"])

@@ -20,6 +20,12 @@ def busy(intervals: list[tuple[int, int]], t0: int, t1: int) -> float:
     return sum(max(0, min(e, t1) - max(s, t0)) for s, e in intervals) / 1e9
 
 
+def turn_starts(intervals: list[tuple[int, int]], gap_ns: int = 3_000_000) -> list[int]:
+    """When the process's turns began: its first kernel, and each kernel after a gap of more than
+    ``gap_ns`` since its previous one ended (another process held the GPU meanwhile)."""
+    return [s for i, (s, _) in enumerate(intervals) if i == 0 or s - intervals[i - 1][1] > gap_ns]
+
+
 def overlap(runs: dict[int, list[tuple[int, int]]]) -> float:
     """Seconds during which kernels of two different processes ran at once."""
     events = sorted((s, e, pid) for pid, iv in runs.items() for s, e in iv)
