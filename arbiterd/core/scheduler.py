@@ -325,7 +325,8 @@ class GpuScheduler(GpuState):
         if owner is not None and owner is not inst:
             raise ConflictError(f"client {client} belongs to instance {owner.name}, not {name}")
         self._client_inst[client] = inst
-        self.hp.accrue(now)  # up to now, with the demand there was before this request
+        if inst.highprio:  # its credit up to now, banked as while it did not wait
+            self.hp.accrue(now)
         effects: list[Effect] = []
         for held in self._leases_of(client):
             if held.revoked_ns is None and now < held.deadline_ns:

@@ -46,13 +46,18 @@ class HighPriority:
             return
         self.t = now
         self.credit += self.gpu.settings.prio_ratio * dt
-        lease = self.gpu.lease
-        if lease is None or not lease.highprio:
-            self.credit = min(self.credit, self.cap() if self.candidate() is None else self.owed_cap())
+        if self.credit > self.cap():  # rare: only then does it matter whether one waits
+            lease = self.gpu.lease
+            if lease is None or not lease.highprio:
+                self.credit = min(self.credit, self.owed_cap() if self.waiting() else self.cap())
 
     def clamp(self) -> None:
         """After ``prio_ratio`` or the slice changed: no more banked than the new cap."""
         self.credit = min(self.credit, self.cap())
+
+    def waiting(self) -> bool:
+        """Whether a high-priority instance wants the GPU."""
+        return any(i.highprio and i.weight > 0 and i.waiters for i in self.gpu.instances.values())
 
     def candidate(self) -> InstanceState | None:
         return self.gpu.pick([i for i in self.gpu.instances.values() if i.highprio and i.weight > 0 and i.waiters])
