@@ -96,7 +96,10 @@ class GpuState:
         self.instances: dict[str, InstanceState] = {}
         self.stats = GpuStats()
         self.lease: Lease | None = None
+        # policy 5: each client's lease, in the order granted; as every one runs NATIVE_LEASE_NS, the first
+        # ends first unless one was revoked (``native_revoked`` counts those)
         self.native: dict[int, Lease] = {}
+        self.native_revoked = 0
         self.min_vr = 0
         # plain counters, not itertools.count: the daemon deep-copies the core to try admin
         # writes, and copying itertools objects is gone from Python 3.14
@@ -171,6 +174,8 @@ class GpuState:
         if lease.revoked_ns is not None:
             return []
         lease.revoked_ns = now
+        if lease.native_client is not None:
+            self.native_revoked += 1
         self.stats.revocations += 1
         self.stats.revoked[reason] += 1
         return [Revoke(c, self.index, lease.id, reason) for c in sorted(lease.clients)]

@@ -167,6 +167,7 @@ class GpuScheduler(GpuState):
                              requested=weight if requested is None else requested)
         self.policy.demand(inst, now)
         self.instances[name] = inst
+        self.hp.changed()
         self.policy.changed(now)
         switch = self.policy.weight_switch(weight)
         effects = self.set_policy(switch, now) if switch is not None else self._schedule(now)
@@ -189,6 +190,7 @@ class GpuScheduler(GpuState):
                 self._end_lease(lease, now)
         self.ent.accrue(self.instances, now)
         del self.instances[name]
+        self.hp.changed()
         self.policy.removed(inst)
         self.policy.changed(now)
         effects += self._schedule(now)
@@ -314,6 +316,7 @@ class GpuScheduler(GpuState):
         inst = self._inst(name)
         INSTANCE["highprio"].check(highprio)
         inst.highprio = bool(highprio)
+        self.hp.changed()
         self.policy.changed(now)
         return self._resharing(self._schedule(now), now)
 
@@ -368,7 +371,8 @@ class GpuScheduler(GpuState):
                 current = True
         if not current and not again:
             return [], False
-        effects = self._schedule(now)
+        # under a concurrent policy every waiter was granted on arrival: a release frees nothing anyone waits for
+        effects = self._schedule(now) if again or not self.policy.concurrent else []
         self._touched(inst, now)
         return effects, current
 
@@ -404,9 +408,12 @@ class GpuScheduler(GpuState):
         """The earliest time at which :meth:`tick` has something to do."""
         # called after every burst of messages: the cheap tests first
         times = []
-        if self.native:  # every native lease has the same overrun allowance
-            times.append(min(n.deadline_ns if n.revoked_ns is None else n.revoked_ns for n in self.native.values())
-                         + self.overrun_ns)
+        if self.native:  # the first ends first (model.py), unless one was revoked: then each is looked at
+            if self.native_revoked:
+                end = min(n.deadline_ns if n.revoked_ns is None else n.revoked_ns for n in self.native.values())
+            else:
+                end = next(iter(self.native.values())).deadline_ns
+            times.append(end + self.overrun_ns)  # every native lease has the same overrun allowance
         lease = self.lease
         if lease is not None:
             times.append(self._cutoff(lease))
@@ -484,6 +491,8 @@ class GpuScheduler(GpuState):
             self.lease = None
         elif lease.native_client is not None and self.native.get(lease.native_client) is lease:
             del self.native[lease.native_client]
+            if lease.revoked_ns is not None:
+                self.native_revoked -= 1
         lease.clients.clear()
         owner = lease.owner if lease.owner is not None else self.policy
         overrun = max(0, lease.granted_ns + billed - (lease.deadline_ns - lease.extension_ns))

@@ -249,6 +249,30 @@ def test_switch_from_native_waits_for_every_holder() -> None:
     assert [e.client for e in effects] == [3]
 
 
+def test_native_wakeup_is_the_first_lease_to_end_revoked_ones_included() -> None:
+    """Native leases end in the order granted, so next_wakeup reads the first; a revoked one (a policy switch)
+    ends at its revoke plus overrun_ms, and once every revoked one is back the first is read again."""
+    sched = GpuScheduler(0, GpuSettings(policy=5, overrun_ms=30))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    over = 30 * NS_PER_MS
+    ga, = sched.acquire("A", 1, 0)
+    gb, = sched.acquire("B", 2, 5 * NS_PER_MS)
+    assert sched.next_wakeup() == ga.deadline_ns + over
+    sched.release(1, ga.lease, 6 * NS_PER_MS)
+    assert sched.next_wakeup() == gb.deadline_ns + over  # the next one in grant order
+    ga, = sched.acquire("A", 1, 7 * NS_PER_MS)
+    sched.set_policy(1, 8 * NS_PER_MS)  # both revoked: each must be back by 8 ms plus overrun_ms
+    assert sched.native_revoked == 2
+    assert sched.next_wakeup() == 8 * NS_PER_MS + over
+    sched.release(2, gb.lease, 9 * NS_PER_MS)
+    sched.release(1, ga.lease, 10 * NS_PER_MS)
+    assert (sched.native, sched.native_revoked) == ({}, 0)
+    sched.set_policy(5, 11 * NS_PER_MS)
+    gb, = sched.acquire("B", 2, 12 * NS_PER_MS)
+    assert sched.next_wakeup() == gb.deadline_ns + over
+
+
 def test_handoff_transit_is_charged_to_nobody_and_a_liar_gains_little() -> None:
     """Honest clients report 0.2 ms of transit per lease; a liar claiming 4 ms is discounted no more than the
     median plus three interquartile ranges (0 here) plus 0.1 ms."""

@@ -123,6 +123,11 @@ def check_invariants(m: Model) -> None:
         # at most one holder; more only while leases granted under policy 5 drain after a switch
         assert len(live) <= 1 or all(h.revoked_ns is not None for h in sched.native.values())
         assert sched.lease is None or not sched.native
+    # what the grant path keeps instead of scanning agrees with a scan
+    assert sched.hp.members == tuple(i for i in sched.instances.values() if i.highprio)
+    assert sched.native_revoked == sum(1 for n in sched.native.values() if n.revoked_ns is not None)
+    if sched.native and not sched.native_revoked:  # next_wakeup takes the first native lease as ending first
+        assert next(iter(sched.native.values())).deadline_ns == min(n.deadline_ns for n in sched.native.values())
     waiting = [i for i in sched.instances.values() if i.waiters and i.weight > 0]
     if waiting and not holders:
         # never strands a waiter: either a timer will act, or the GPU is handed over now

@@ -28,6 +28,12 @@ class HighPriority:
         self.gpu = gpu
         self.credit = self.cap()
         self.t = now
+        self.members: tuple[InstanceState, ...] = ()  # the GPU's high-priority instances
+
+    def changed(self) -> None:
+        """An instance joined or left, or one's priority changed (the grant path asks :attr:`members`
+        instead of scanning every instance)."""
+        self.members = tuple(i for i in self.gpu.instances.values() if i.highprio)
 
     def cap(self) -> int:
         """Credit banked while no high-priority instance waits: two slices' worth."""
@@ -46,10 +52,11 @@ class HighPriority:
             return
         self.t = now
         self.credit += self.gpu.settings.prio_ratio * dt
-        if self.credit > self.cap():  # rare: only then does it matter whether one waits
+        cap = self.cap()
+        if self.credit > cap:  # only then does it matter whether one waits
             lease = self.gpu.lease
             if lease is None or not lease.highprio:
-                self.credit = min(self.credit, self.owed_cap() if self.waiting() else self.cap())
+                self.credit = min(self.credit, self.owed_cap() if self.members and self.waiting() else cap)
 
     def clamp(self) -> None:
         """After ``prio_ratio`` or the slice changed: no more banked than the new cap."""
@@ -57,10 +64,10 @@ class HighPriority:
 
     def waiting(self) -> bool:
         """Whether a high-priority instance wants the GPU."""
-        return any(i.highprio and i.weight > 0 and i.waiters for i in self.gpu.instances.values())
+        return any(i.weight > 0 and i.waiters for i in self.members)
 
     def candidate(self) -> InstanceState | None:
-        return self.gpu.pick([i for i in self.gpu.instances.values() if i.highprio and i.weight > 0 and i.waiters])
+        return self.gpu.pick([i for i in self.members if i.weight > 0 and i.waiters])
 
     def ready(self, now: int) -> bool:
         self.accrue(now)
@@ -89,7 +96,7 @@ class HighPriority:
         work-conserving policy where no normal instance wants the GPU. ``extra``
         is counted among them (a starved instance at its requested weight).
         """
-        hp = [i for i in self.gpu.instances.values() if i.highprio and i.weight > 0 and i.name in active]
+        hp = [i for i in self.members if i.weight > 0 and i.name in active]
         if extra is not None:  # a starved instance, counted at the weight it asked for
             hp.append(extra)
         if not hp:
