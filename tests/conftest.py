@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,11 +11,11 @@ from tests.helpers import DaemonProc
 
 
 @pytest.fixture
-def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A short temporary dir: UNIX socket paths must stay under 108 bytes."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp"))
+def short_tmp() -> Iterator[Path]:
+    """A short temporary dir (UNIX socket paths must stay under 108 bytes), removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

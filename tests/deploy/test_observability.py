@@ -79,6 +79,7 @@ def live() -> Iterator[Scrapes]:
             p.kill()
             p.wait()
         d.stop()
+        shutil.rmtree(d.tmp.parent, ignore_errors=True)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

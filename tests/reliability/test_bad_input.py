@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -58,6 +59,7 @@ def fuzz_daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield d, good.gate, good.client
     assert good.errors == []
     d.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
