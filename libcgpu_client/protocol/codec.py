@@ -68,11 +68,7 @@ class Decoder:
     def feed(self, data: bytes) -> Iterator[Any]:
         """Feed ``data``; iterate every complete frame in it, decoded but not yet validated."""
         if len(data) <= self.max_message:  # the usual case: one read, no chunking (a hot path)
-            self._fed += len(data)
-            try:
-                self._unpacker.feed(data)
-            except msgpack.BufferFull:
-                raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+            self._feed_chunk(data)
             return self._drain()
         return self._feed_chunks(data)
 
@@ -99,7 +95,7 @@ class Decoder:
             if "exceeds" in str(exc):
                 raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
             raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
-        if self._fed - self._unpacker.tell() > self.max_message:  # (pending_bytes, inline: a hot path)
+        if self.pending_bytes > self.max_message:
             raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes")
 
     @property

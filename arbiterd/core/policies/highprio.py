@@ -56,7 +56,7 @@ class HighPriority:
         if self.credit > cap:  # only then does it matter whether one waits
             lease = self.gpu.lease
             if lease is None or not lease.highprio:
-                self.credit = min(self.credit, self.owed_cap() if self.members and self.waiting() else cap)
+                self.credit = min(self.credit, self.owed_cap() if self.waiting() else cap)
 
     def clamp(self) -> None:
         """After ``prio_ratio`` or the slice changed: no more banked than the new cap."""
