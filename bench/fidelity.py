@@ -124,6 +124,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     for key, value in {**ROW_DEFAULTS, **row.settings}.items():
         daemon.set(f"0/{key}", value)
     busy = [t for t in row.tenants if t.busy]
+    cycles = args.ratio_cycles if row.ratio else args.cycles
     books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
     alone_spans: list[dict[str, tuple[int, int]]] = []
     runs: list[tuple[int, int, dict[str, int]]] = []
@@ -139,7 +140,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
 
         alone()
         gpu: dict[str, Any] = {}
-        for k in range(args.cycles):
+        for k in range(cycles):
             weights = {t.name: t.weight for t in busy}
             if row.ratio and k % 4 in (1, 2):  # ABBA: the processes swap weights
                 weights = {"A": 2, "B": 1}
@@ -179,7 +180,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
         shares.setdefault(t.name, 0.0)
     out: dict[str, Any] = {
         "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
-        "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"], "cycles": args.cycles,
+        "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"], "cycles": cycles,
         "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
                      "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
                      "error_pp": round(shares[t.name] - t.target, 2),
@@ -229,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="0.5,5", help="operation (or kernel) lengths in ms (default 0.5,5)")
     p.add_argument("--native", action="store_true", help="C programs through libcgpu.so instead of torch")
     p.add_argument("--only", help="run only the rows whose name contains this")
-    p.add_argument("--cycles", type=int, default=4, help="contended runs per row, each between runs alone "
-                   "(a multiple of 4 in 1:2 rows, for the ABBA swaps)")
+    p.add_argument("--cycles", type=int, default=4, help="contended runs per row, each between runs alone")
+    p.add_argument("--ratio-cycles", type=int, default=8, help="contended runs of a 1:2 row (a multiple of 4, "
+                   "for the ABBA swaps): its ratio is held to the tightest target")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of each torch tenant (default 1: "
+                   "the simulated device is one core, the other is the host's)")
     p.add_argument("--exclusive", type=float, default=1.5, help="seconds of each tenant's run alone")
     p.add_argument("--contended", type=float, default=6.0, help="seconds of each contended run, at least: "
                    "a run lasts 8 of the row's rounds after its warm-up")
@@ -258,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                     return NativeTenants(where, daemon, row, ms, tmp)
                 label = f"{ms:g} ms kernels"
             else:
-                matmul = calibrate(ms)
+                matmul = calibrate(ms, args.threads)
                 def tenants_of(row: Row, matmul: int = matmul) -> TorchTenants:
-                    return TorchTenants(daemon, row, matmul)
-                label = f"{ms:g} ms ops (matmul {matmul})"
+                    return TorchTenants(daemon, row, matmul, args.threads)
+                label = f"{ms:g} ms ops (matmul {matmul}, {args.threads} thread{'s' * (args.threads > 1)})"
             for row in ROWS:
                 if args.only and args.only not in row.name:
                     continue
@@ -282,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_results and args.only is None:
         head = ["Daemon at its defaults (`--sim-gpus 1x16GiB --identity declared`: slice_ms auto, "
                 "handover_target_pct 2, policy set per row through the tree); the pinned row sets slice_ms 5. "
-                "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
+                + ("" if args.native else
+                   f"Torch tenants: {args.threads} intra-op thread{'s' if args.threads > 1 else ''} each. ")
+                + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row. "
+                + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
                 "in the same run; window: whole rounds after a warm-up. The last three columns are the daemon's "
                 "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err; in a "
                 "1:2 row, where the processes swap weights, by the weight each had): "

@@ -86,10 +86,11 @@ class Daemon:
         self.log.close()
 
 
-def calibrate(ms: float) -> int:
-    """The matmul size whose operation takes about ``ms`` here (two threads, as under cgpu-run)."""
+def calibrate(ms: float, threads: int) -> int:
+    """The matmul size whose operation takes about ``ms`` here on ``threads`` intra-op threads."""
     import torch
 
+    torch.set_num_threads(threads)
     size, a = 128, None
     for _ in range(12):
         a = torch.randn(size, size)
@@ -187,14 +188,15 @@ class _Tenants:
 
 
 class TorchTenants(_Tenants):
-    def __init__(self, daemon: Daemon, row: RowLike, size: int) -> None:
+    def __init__(self, daemon: Daemon, row: RowLike, size: int, threads: int) -> None:
         super().__init__(daemon, row)
-        self.size = size
+        self.size, self.threads = size, threads
 
     def command(self, t: TenantLike) -> tuple[list[str], dict[str, str]]:
         flags = ["--device", "cpu", "--socket", self.daemon.sock, "--instance", self.instance(t.name),
                  "--weight", str(t.weight), *(["--highprio"] if t.highprio else [])]
-        return ([tool("cgpu-run"), *flags, "--", sys.executable, "-m", "bench.fidelity_worker", str(self.size)],
+        return ([tool("cgpu-run"), *flags, "--", sys.executable, "-m", "bench.fidelity_worker", str(self.size),
+                 str(self.threads)],
                 {"PYTHONPATH": str(ROOT), "GLIBC_TUNABLES": STEADY_MALLOC})
 
 

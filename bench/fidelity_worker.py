@@ -1,10 +1,11 @@
 """A tenant of bench.fidelity: torch CPU operators in a loop under ``cgpu-run --device cpu``, on command.
 
-    cgpu-run --device cpu ... -- python -m bench.fidelity_worker SIZE
+    cgpu-run --device cpu ... -- python -m bench.fidelity_worker SIZE [THREADS]
 
 Reads commands on stdin, one a line: ``run``, ``pause``, ``dump PATH`` (writes the end time of every
 operation and the (granted, ended) of every lease, CLOCK_MONOTONIC ns, as JSON) and ``quit``. Prints
-``ready`` once registered and warmed up. Each operation is a SIZE x SIZE matmul.
+``ready`` once registered and warmed up. Each operation is a SIZE x SIZE matmul on THREADS intra-op threads
+(default 1).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from libcgpu_client import runtime
 
 def main() -> None:
     size = int(sys.argv[1])
+    torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     a, b = torch.randn(size, size), torch.randn(size, size)
     rt = runtime.current()
     assert rt is not None, "cgpu is not active (run under cgpu-run)"
