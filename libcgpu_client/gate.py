@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
 from libcgpu_client.client import Client, LeaseListener
 from libcgpu_client.protocol import Acquire, Release
-from libcgpu_client.warmup import NEVER, WarmupMeter
+from libcgpu_client.warmup import WarmupMeter
 
 log = logging.getLogger("libcgpu_client.gate")
 _now = time.monotonic_ns
@@ -84,7 +84,7 @@ class Gate:
         self._granted_at = 0
         self._uses = 0
         self._warmup = WarmupMeter(self.device.synchronous)
-        self._mark_at = NEVER
+        self._use = self._warmup.use
         self._active = 0
         self._lock = threading.RLock()
         self._granted = threading.Condition(self._lock)
@@ -101,15 +101,15 @@ class Gate:
         self._idle_thread.start()
 
     # ---------------------------------------------------------------- public
-    def check(self) -> None:
-        """Return once this process may put work on the GPU."""
+    def check(self, kind: Hashable = None) -> None:
+        """Return once this process may put work on the GPU; ``kind`` names the operation about to run
+        (operations of one kind usually take about as long: see :mod:`libcgpu_client.warmup`)."""
         now = _now()
         if now < self._deadline:
             self._uses += 1
-            if now >= self._mark_at:  # the lease's first use, or the end of its first stretch
-                self._mark_at = self._warmup.mark(now, self._uses)
+            self._use(now, kind)
             return
-        self._slow()
+        self._slow(kind)
 
     @contextmanager
     def work(self) -> Iterator[None]:
@@ -139,10 +139,12 @@ class Gate:
         self.release()
 
     # ------------------------------------------------------------- slow path
-    def _slow(self) -> None:
+    def _slow(self, kind: Hashable) -> None:
         with self._lock:
-            if _now() < self._deadline:
+            now = _now()
+            if now < self._deadline:
                 self._uses += 1
+                self._use(now, kind)
                 return
             if not self.client.connected and self.on_loss == "run":
                 return
@@ -158,9 +160,7 @@ class Gate:
                     self._ask()
                 self._granted.wait(0.5)
             self._uses += 1
-            now = _now()
-            if now >= self._mark_at:
-                self._mark_at = self._warmup.mark(now, self._uses)
+            self._use(_now(), kind)
 
     def _ask(self) -> None:
         self._waiting = True
@@ -175,8 +175,8 @@ class Gate:
         if lease is None:
             return
         end = self._ended()
-        # from the slow path this is the boundary of the use about to start: count it as one
-        lost = self._warmup.lost(end, self._uses + 1 if again else self._uses, at_use=again)
+        # from the slow path this is the boundary of the use about to start: the last operation ended
+        lost = self._warmup.lost(end, at_use=again)
         self._waiting = again
         if again:
             self.acquires += 1
@@ -201,8 +201,7 @@ class Gate:
             self._waiting = False
             self._lease = lease
             self._granted_at = _now()
-            self._warmup.begin(self._granted_at, deadline)
-            self._mark_at = 0
+            self._warmup.begin(self._granted_at)
             self._deadline = deadline
             self._has_lease.set()
             self._granted.notify_all()

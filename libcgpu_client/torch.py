@@ -113,7 +113,9 @@ class CgpuMode(TorchDispatchMode):
         if pos is None:
             return func(*args, **kwargs)
         gate: Gate = self.gates[pos]
-        gate.check()
+        a = args[0] if args else None
+        # the operation's kind: the operator and its first input's shape (what it costs depends on both)
+        gate.check((func, a.shape) if isinstance(a, torch.Tensor) else func)
         gate._active += 1
         try:
             if self.governor is not None and not self.cpu_sim:
@@ -262,7 +264,7 @@ class ModuleGate:
             if loc.popped:
                 _pop_mode()
         loc.depth = depth + 1
-        self.gate.check()
+        self.gate.check(id(module))
         self.gate._active += 1
 
     def post(self, module: Any, args: Any, output: Any) -> None:
@@ -331,7 +333,7 @@ class LayerGate:
                     or self._backward_pre_hooks or any(global_hooks)
                     or self._compiled_call_impl is not None or tracing()):
                 return Module.__call__(self, *args, **kwargs)  # looked up now: fx patches it
-            gate.check()
+            gate.check(id(self))  # the layer is the operation's kind: its shapes stay put
             gate._active += 1
             pop(None)
             try:

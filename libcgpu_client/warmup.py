@@ -5,104 +5,142 @@ Two parts: the *wake-up*, from the grant's arrival to the first use of the lease
 the device back runs slower for a while (cold caches, threads asleep, and on a
 virtual machine cores that slept). Where operations run synchronously (the CPU
 as simulated GPU) the warm-up is the shortfall of the lease's first stretch
-(its first :data:`SETTLE_NS`, or the whole of a shorter lease) against the
-process's settled pace: time used, less uses times that pace. The settled pace
-is sampled in chunks of up to 20 ms after a lease's first stretch, where the
-process has settled, and is the total time over the total uses of the last 64
-chunks: the mean, not the median, because stalls and slow operations belong to
+(the operations that start in its first :data:`SETTLE_NS`, all of a shorter
+lease) against what they usually take.
+
+Each use of the lease starts an *operation*, which lasts until the next use; the
+caller names what kind it is (the layer, or the operator and its input's shape),
+because a model's operations differ by orders of magnitude (a ResNet's
+convolutions against its ReLUs) and a lease starts wherever the last one left
+off. What an operation usually takes is two factors: the process's *speed*,
+the total time over the total cost of the operations in the last 64 chunks of
+about 20 ms after first stretches (the machine's pace, which drifts by the
+second on a busy host), and its kind's *cost*, the mean of its own durations
+after first stretches, each divided by the speed of its time (over about its
+last 1024 runs: what a layer costs beside the others barely moves, so the
+speed alone follows the machine). Means, not medians, because stalls and slow operations belong to
 running, not to the hand-over, so the estimate is unbiased (it can come out
 below zero, where a lease started faster than usual). Only the first stretch is
-compared because a pace that is off by a little, times a long lease, would
-swamp a hand-over of a millisecond.
+compared because a speed that is off by a little, times a long lease, would
+swamp a hand-over of a millisecond. An operation of a kind never seen settled
+is not compared.
 
-A short lease is compared whole, and never samples the pace: its second half is
-still warming up (on this project's 2-core VM, 5 ms turns of 0.5 ms operations
-ran 1-5 % slow to their end), so a pace learnt there reads slow and a lease's
-loss short by a fixed amount per lease. A tenant with shorter turns (weight 1
-beside weight 2 on policy 2) then pays more of it per second held, and 1:2 of
-useful time gave 2.05-2.09 of throughput. A process whose leases are all short
-keeps the pace of its last long lease (running alone, or a turn past 50 ms,
-which ``slice_ms = auto`` reaches when hand-overs cost much); if its speed
-drifts meanwhile, the error is in proportion to each lease's length, so bills
-stay in proportion between tenants while the measured hand-over reads high or
-low. With no long lease yet only the wake-up is reported. Uses are whatever the
-gate counts, so only the ratio matters. Where operations are asynchronous
-(CUDA) only the wake-up is reported. The daemon bounds what a report can change
-in a bill (arbiterd.core.accounting).
+A short lease is compared whole, and teaches nothing: its second half is still
+warming up (on this project's 2-core VM, 5 ms turns of 0.5 ms operations ran
+1-5 % slow to their end), so costs learnt there read slow and a lease's loss
+short by a fixed amount per lease. A tenant with shorter turns (weight 1 beside
+weight 2 on policy 2) then pays more of it per second held, and 1:2 of useful
+time gave 2.05-2.09 of throughput. A process whose leases are all short keeps
+what its last long lease taught (running alone, or a turn past 50 ms, which
+``slice_ms = auto`` reaches when hand-overs cost much); if its speed drifts
+meanwhile, the error is in proportion to each lease's length, so bills stay in
+proportion between tenants while the measured hand-over reads high or low. With
+nothing learnt yet only the wake-up is reported. Where operations are
+asynchronous (CUDA) only the wake-up is reported. The daemon bounds what a
+report can change in a bill (arbiterd.core.accounting).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 
-SETTLE_NS = 50_000_000  # a lease's first 50 ms may run slow: its pace is measured after them ...
-CHUNK_NS = 20_000_000  # ... in chunks of 20 ms, each one a sample
-MIN_USES = 4  # a chunk with fewer uses says too little about the pace
-PACES = 64
+SETTLE_NS = 50_000_000  # a lease's first 50 ms may run slow: costs and speed are learnt after them ...
+CHUNK_NS = 20_000_000  # ... the speed in chunks of about 20 ms, each one a sample
+MIN_OPS = 4  # a chunk with fewer operations says too little about the speed
+SPEEDS = 64
+COST_RUNS = 1024  # a kind's cost: the mean of about its last 1024 runs (an exponential window)
+MAX_KINDS = 4096  # past this many kinds of operation, what was learnt of their costs starts over
 NEVER = 2**63 - 1
 
 
 class WarmupMeter:
-    """Per lease: when it was first used and how far its first stretch got; across leases: the settled pace."""
+    """Per lease: when it was first used and how its first stretch ran; across leases: costs and speed."""
 
     def __init__(self, estimate_warmup: bool = True) -> None:
         self.estimate_warmup = estimate_warmup
-        self.paces: deque[tuple[int, int]] = deque(maxlen=PACES)  # (ns, uses) of chunks after a first stretch
-        self._ns = self._uses = 0  # their sums
+        self.costs: dict[Hashable, list[float]] = {}  # kind -> [mean ns, runs counted, at most COST_RUNS]
+        self.speeds: deque[tuple[float, float]] = deque(maxlen=SPEEDS)  # (ns, cost) of chunks
+        self._ns = self._cost = 0.0  # their sums
+        self._speed = 1.0  # their ratio (1.0 until a chunk is in)
+        self._chunk_ns = self._chunk_cost = 0.0
+        self._chunk_ops = 0
         self.granted_at = 0
-        self.deadline = NEVER
         self.first = -1  # not used yet
-        self.first_uses = 0
-        self.settled_at, self.settled_uses = -1, 0  # the end of the first stretch (-1: not reached)
-        self.mark_at, self.mark_uses = 0, 0  # the last mark
+        self.settle_at = NEVER  # operations that start before this are the first stretch
+        self.last_at = -1  # when the operation under way started (-1: none) ...
+        self.last_kind: Hashable = None  # ... and its kind
+        self.stretch_ns = self.stretch_cost = 0.0  # the first stretch's operations of known kind
 
-    def begin(self, granted_at: int, deadline: int = NEVER) -> None:
-        """A lease arrived at ``granted_at``, to end at ``deadline``."""
-        self.granted_at, self.deadline, self.first, self.settled_at = granted_at, deadline, -1, -1
+    def begin(self, granted_at: int) -> None:
+        """A lease arrived at ``granted_at``."""
+        self.granted_at, self.first, self.settle_at, self.last_at = granted_at, -1, NEVER, -1
+        self.stretch_ns = self.stretch_cost = 0.0
 
-    def mark(self, now: int, uses: int) -> int:
-        """The lease is used at ``now`` (``uses`` counted so far); returns when the next mark is due."""
-        if self.first < 0:
-            self.first, self.first_uses = now, uses
-        elif self.settled_at < 0:
-            self.settled_at, self.settled_uses = now, uses
-        else:  # a chunk after the first stretch: a sample of the pace
-            self._sample(now, uses)
-        self.mark_at, self.mark_uses = now, uses
-        if self.first == now:  # the first stretch: SETTLE_NS, or the whole of a shorter lease
-            return now + min(SETTLE_NS, max(0, self.deadline - now))
-        return now + CHUNK_NS
+    def use(self, now: int, kind: Hashable = None) -> None:
+        """The lease is used at ``now`` by an operation of ``kind``: the one before it has ended."""
+        last = self.last_at
+        if last < 0:
+            if self.first < 0:
+                self.first, self.settle_at = now, now + SETTLE_NS
+        elif self.estimate_warmup:
+            self._ran(self.last_kind, last, now - last)
+        self.last_at, self.last_kind = now, kind
 
-    def _sample(self, now: int, uses: int) -> None:
-        if uses - self.mark_uses < MIN_USES:
+    def _ran(self, kind: Hashable, start: int, ns: int) -> None:
+        cost = self.costs.get(kind)
+        if start < self.settle_at:  # the first stretch: compared, never learnt from
+            if cost is not None:
+                self.stretch_ns += ns
+                self.stretch_cost += cost[0]
             return
-        if len(self.paces) == self.paces.maxlen:
-            ns, n = self.paces[0]
-            self._ns, self._uses = self._ns - ns, self._uses - n
-        sample = (now - self.mark_at, uses - self.mark_uses)
-        self.paces.append(sample)
-        self._ns, self._uses = self._ns + sample[0], self._uses + sample[1]
+        if cost is None:
+            if len(self.costs) >= MAX_KINDS:
+                self.costs.clear()
+            self.costs[kind] = [ns / self._speed, 1.0]
+            return  # its first run says nothing about the speed
+        self._chunk_ns += ns
+        self._chunk_cost += cost[0]
+        self._chunk_ops += 1
+        runs = cost[1] + 1.0 if cost[1] < COST_RUNS else cost[1]
+        cost[0] += (ns / self._speed - cost[0]) / runs
+        cost[1] = runs
+        if self._chunk_ns >= CHUNK_NS:
+            self._close_chunk()
 
-    def pace(self) -> float | None:
-        """The process's settled pace (ns per use): total time over total uses of the last chunks."""
-        return self._ns / self._uses if self._uses else None
+    def _close_chunk(self) -> None:
+        if self._chunk_ops >= MIN_OPS:
+            if len(self.speeds) == self.speeds.maxlen:
+                ns, cost = self.speeds[0]
+                self._ns, self._cost = self._ns - ns, self._cost - cost
+            self.speeds.append((self._chunk_ns, self._chunk_cost))
+            self._ns, self._cost = self._ns + self._chunk_ns, self._cost + self._chunk_cost
+            self._speed = self._ns / self._cost
+        self._chunk_ns = self._chunk_cost = 0.0
+        self._chunk_ops = 0
 
-    def lost(self, now: int, uses: int, at_use: bool) -> int:
+    def speed(self) -> float | None:
+        """The process's settled speed: time taken over the usual cost, in the last chunks (1.0: as usual)."""
+        return self._ns / self._cost if self._cost else None
+
+    def usual_ns(self, kind: Hashable = None) -> float | None:
+        """What an operation of ``kind`` usually takes (ns), at the settled speed."""
+        cost, speed = self.costs.get(kind), self.speed()
+        return cost[0] * speed if cost is not None and speed is not None else None
+
+    def lost(self, now: int, at_use: bool) -> int:
         """What the lease lost (ns; below 0 where it started faster than usual), as it ends at ``now``;
-        ``at_use``: at a use (work went on to its end)."""
+        ``at_use``: at a use (the operation under way ended there; otherwise it ended idle, and is not counted)."""
         if self.first < 0:
             return 0
         wake = max(0, self.first - self.granted_at)
-        if at_use and self.settled_at >= 0:
-            self._sample(now, uses)
-        pace = self.pace()
-        if not self.estimate_warmup or pace is None:
+        if self.estimate_warmup:
+            if at_use and self.last_at >= 0:
+                self._ran(self.last_kind, self.last_at, now - self.last_at)
+            self._close_chunk()
+        self.last_at = -1
+        speed = self.speed()
+        if not self.estimate_warmup or speed is None or not self.stretch_ns:
             return wake
-        if self.settled_at >= 0:
-            end, n = self.settled_at, self.settled_uses - self.first_uses
-        elif at_use:
-            end, n = now, uses - self.first_uses
-        else:
-            return wake  # it ended idle within its first stretch: nothing to compare
-        span = end - self.first
-        return wake + int(min(max(-span, span - n * pace), span))
+        span = self.stretch_ns
+        return wake + int(min(max(-span, span - self.stretch_cost * speed), span))

@@ -19,9 +19,11 @@ class StubGate:
         self._active = 0
         self._uses = 0
         self.active_seen: list[int] = []
+        self.kinds: list[object] = []
 
-    def check(self) -> None:
+    def check(self, kind: object = None) -> None:
         self.checks += 1
+        self.kinds.append(kind)
 
 
 class StubRuntime:

@@ -117,6 +117,18 @@ def test_the_operator_after_a_layer_goes_through_the_mode_again() -> None:
         assert mode.ops == 1 and rt.gates[0].checks == 2  # the add: through the mode
 
 
+def test_each_check_names_the_operation_s_kind_a_layer_or_an_operator_and_its_input_shape() -> None:
+    """What the warm-up compares a lease's first operations with is their own kind's usual time."""
+    a, b = nn.ReLU(), nn.ReLU()
+    x, y = torch.randn(4, 4), torch.randn(2, 8)
+    with torch.inference_mode(), interposer() as (rt, _mode):
+        a(x), b(x), a(y)
+        x + 1, y + 1
+        kinds = rt.gates[0].kinds
+    assert kinds[:3] == [id(a), id(b), id(a)]  # a layer keeps its shapes: the layer is its kind
+    assert kinds[3:] == [(torch.ops.aten.add.Tensor, x.shape), (torch.ops.aten.add.Tensor, y.shape)]
+
+
 class MyLinear(nn.Linear):
     pass
 
