@@ -93,6 +93,12 @@ def test_optional_fields_at_their_default_stay_off_the_wire() -> None:
     assert p.MemFree(0, 9).to_wire() == {"op": "mem_free", "gpu": 0, "bytes": 9}
 
 
+def test_the_grant_spelled_out_is_the_generic_wire_form() -> None:
+    grant = p.Grant(3, 7, 2**62)
+    assert grant.to_wire() == p.Message.to_wire(grant)
+    assert list(grant.to_wire()) == list(p.Message.to_wire(grant))  # same key order on the wire
+
+
 def test_a_version_1_acquire_with_an_id_is_still_accepted() -> None:
     assert p.decode({"op": "acquire", "id": 0, "gpu": 1}, p.C2S) == p.Acquire(1, 0)
 
@@ -143,6 +149,15 @@ def test_garbage_is_rejected(garbage: bytes) -> None:
     with pytest.raises(p.ProtocolError):
         for raw in p.Decoder().feed(garbage):
             p.decode(raw, p.C2S)
+
+
+def test_frames_before_garbage_in_the_same_read_still_come_out() -> None:
+    good = p.Acquire(0).pack() + p.Acquire(1).pack()
+    out = []
+    with pytest.raises(p.ProtocolError) as exc:
+        for raw in p.Decoder().feed(good + b"\xc1"):
+            out.append(raw)
+    assert [m["gpu"] for m in out] == [0, 1] and exc.value.code == "bad_frame"
 
 
 def test_client_settings_register_every_field_they_hold() -> None:

@@ -15,7 +15,9 @@ hand-over it cost (measured per lease: the transit both ways, the client's wait
 for its first use and its first operations' warm-up; accounting.py). Each
 instance's own expected hand-over (a running mean of its leases') lengthens
 its turns so that they hold their useful time; the GPU's (the mean of the
-recent leases') sizes ``slice_ms = auto``. A holder still
+recent leases') sizes ``slice_ms = auto``. A native lease (policy 5) runs beside
+the others and hands nothing over, so it is billed what it held and not
+measured. A holder still
 holding ``overrun_ms`` after its deadline (or a revoke) is cut off, charged up
 to then and counted.
 """
@@ -49,6 +51,8 @@ class GpuScheduler(GpuState):
         self.policy: Policy = make_policy(settings.policy, self, now)
         self.ent = Entitlement(now)
         self._shares_for: dict[frozenset[str], dict[str, float]] = {}  # entitled shares by who has demand
+        # (who has demand, who toggles) -> who has demand after
+        self._toggled: dict[tuple[frozenset[str], str], frozenset[str]] = {}
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
@@ -145,8 +149,18 @@ class GpuScheduler(GpuState):
 
     def _touched(self, inst: InstanceState | None, now: int) -> None:
         """``inst`` may have gained or lost demand: reshare if it did."""
-        if inst is not None and (bool(inst.waiters) or inst.leases > 0) != (inst.name in self.ent.active):
-            self._reshare(now, self.ent.active ^ {inst.name})
+        if inst is None:
+            return
+        active = self.ent.active
+        if (bool(inst.waiters) or inst.leases > 0) != (inst.name in active):
+            # the set after the toggle, remembered: the same sets come back on every acquire and release
+            key = (active, inst.name)
+            toggled = self._toggled.get(key)
+            if toggled is None:
+                if len(self._toggled) >= SHARES_REMEMBERED:
+                    self._toggled.clear()
+                toggled = self._toggled[key] = active ^ {inst.name}
+            self._reshare(now, toggled)
 
     def has_demand(self, name: str) -> bool:
         """Whether ``name`` waits for or holds a lease."""
@@ -343,7 +357,7 @@ class GpuScheduler(GpuState):
         if not inst.waiters and not inst.leases:
             self.policy.demand(inst, now)
         inst.waiters.setdefault(client, now)
-        effects += self._schedule(now)
+        effects += self.policy.pick_for(inst, now) if self.policy.concurrent else self._schedule(now)
         self._touched(inst, now)
         return effects
 
@@ -365,7 +379,8 @@ class GpuScheduler(GpuState):
             inst.waiters.setdefault(client, now)
         for lease in self._leases_of(client):
             if lease.id == lease_id:
-                if used_ns is not None and len(lease.clients) == 1:
+                # a native lease runs beside the others and hands nothing over: billed what it held
+                if used_ns is not None and len(lease.clients) == 1 and lease.native_client is None:
                     self._measure(lease, now, used_ns, warmup_ns or 0)
                 self._drop_holder(lease, client, now)
                 current = True

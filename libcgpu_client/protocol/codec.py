@@ -8,8 +8,9 @@ says how the peer is answered.
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -21,6 +22,10 @@ MAX_MAP_KEYS = 64
 MAX_ARRAY_ITEMS = 4096
 ERROR_CODES = ("bad_frame", "too_large", "unknown_op", "bad_request", "version", "identity",
                "refused", "not_found", "busy")
+
+
+_UNDECODABLE = (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError,
+                UnicodeDecodeError)
 
 
 class ProtocolError(Exception):
@@ -65,19 +70,35 @@ class Decoder:
         )
         self._fed = 0
 
-    def feed(self, data: bytes) -> Iterator[Any]:
-        """Feed ``data``; iterate every complete frame in it, decoded but not yet validated."""
-        if len(data) <= self.max_message:  # the usual case: one read, no chunking (a hot path)
-            self._feed_chunk(data)
-            return self._drain()
-        return self._feed_chunks(data)
+    def feed(self, data: bytes) -> Iterable[Any]:
+        """Feed ``data``; iterate every complete frame in it, decoded but not yet validated.
+
+        A frame that cannot be decoded raises ProtocolError, after the good frames before it.
+        """
+        if len(data) > self.max_message:
+            return self._feed_chunks(data)
+        # the usual case, on the grant path: one read, no chunking, every frame good (a list, no generator)
+        self._feed_chunk(data)
+        frames: list[Any] = []
+        try:
+            frames.extend(self._unpacker)  # ends quietly where the data does (no OutOfData raised)
+        except _UNDECODABLE as exc:
+            return itertools.chain(frames, self._fail(exc))
+        if self.pending_bytes > self.max_message:
+            return itertools.chain(frames, self._fail(None))
+        return frames
 
     def _feed_chunks(self, data: bytes) -> Iterator[Any]:
         view = memoryview(data)
         step = self.max_message
         for start in range(0, len(view), step):
             self._feed_chunk(view[start:start + step])
-            yield from self._drain()
+            try:
+                yield from self._unpacker
+            except _UNDECODABLE as exc:
+                yield from self._fail(exc)
+            if self.pending_bytes > self.max_message:
+                yield from self._fail(None)
 
     def _feed_chunk(self, chunk: bytes | memoryview) -> None:
         self._fed += len(chunk)
@@ -86,17 +107,14 @@ class Decoder:
         except msgpack.BufferFull:
             raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
 
-    def _drain(self) -> Iterator[Any]:
-        # iterating the Unpacker ends quietly where the data does (no OutOfData raised per feed)
-        try:
-            yield from self._unpacker
-        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-                TypeError, UnicodeDecodeError) as exc:
-            if "exceeds" in str(exc):
-                raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
-            raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
-        if self.pending_bytes > self.max_message:
+    def _fail(self, exc: Exception | None) -> Iterator[Any]:
+        """Raise the ProtocolError for ``exc`` (None: a frame still arriving is already too large)."""
+        if exc is None:
             raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes")
+        if "exceeds" in str(exc):
+            raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
+        raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
+        yield  # a generator: it raises when iterated, after the frames chained before it
 
     @property
     def pending_bytes(self) -> int:

@@ -279,6 +279,11 @@ class Grant(Message):
     lease: int
     deadline_ns: int
 
+    def to_wire(self) -> dict[str, Any]:
+        # the grant path's reply, sent for every acquire: its fields spelled out, not walked
+        # (a test checks this against the generic form)
+        return {"op": "grant", "gpu": self.gpu, "lease": self.lease, "deadline_ns": self.deadline_ns}
+
 
 @message("revoke", S2C)
 class Revoke(Message):

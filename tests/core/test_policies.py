@@ -434,3 +434,18 @@ def test_policy3_rebuilds_keep_each_owners_turn() -> None:
         effects, _ = sched.release(gr.client, gr.lease, now, again=True)
     assert sched.held_ns("A", now) / now * 100 == pytest.approx(45, abs=TOL)
     assert sched.held_ns("B", now) / now * 100 == pytest.approx(30, abs=TOL)
+
+
+def test_a_native_lease_hands_nothing_over_and_is_billed_what_it_held() -> None:
+    """Policy 5 runs every lease beside the others: its transit is not a hand-over, so it neither feeds the
+    meter that sizes the slice nor is taken off the tenant's useful time."""
+    sched = GpuScheduler(0, GpuSettings(policy=5))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    (ga,) = sched.acquire("A", 1, 0)
+    (gb,) = sched.acquire("B", 2, 1_000)  # granted at once, beside A
+    sched.release(1, ga.lease, 5_000_000, used_ns=3_000_000, warmup_ns=500_000)
+    sched.release(2, gb.lease, 6_000_000, used_ns=4_000_000)
+    assert sched.handover.count == 0
+    assert sched.instances["A"].useful_ns == sched.instances["A"].held_ns == 5_000_000
+    assert sched.instances["B"].useful_ns == sched.instances["B"].held_ns == 5_999_000

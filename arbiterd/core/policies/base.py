@@ -51,6 +51,11 @@ class Policy:
         """Grant the GPU to whoever should have it now (nothing: it stays idle)."""
         raise NotImplementedError
 
+    def pick_for(self, inst: InstanceState, now: int) -> list[Effect]:
+        """After ``inst`` alone gained a waiter: the same as :meth:`pick` (a concurrent policy, which grants
+        every waiter on arrival, looks at ``inst`` only)."""
+        return self.pick(now)
+
     def wakeup(self) -> int | None:
         """When this policy next wants :meth:`pick` called while clients wait, if ever."""
         return None

@@ -21,21 +21,29 @@ class Native(Policy):
     concurrent = True
 
     def pick(self, now: int) -> list[Effect]:
-        gpu = self.gpu
         effects: list[Effect] = []
-        for inst in gpu.instances.values():
-            if not inst.waiters or inst.weight == 0:
-                continue
-            for client, t in list(inst.waiters.items()):
-                lease = Lease(gpu.next_lease_id(), inst, {client}, now, now + NATIVE_LEASE_NS,
-                              native_client=client, owner=self)
-                gpu.native[client] = lease
-                inst.grants += 1
-                inst.leases += 1
-                gpu.stats.grants += 1
-                effects.append(Grant(client, gpu.index, lease.id, lease.deadline_ns, now - t))
-            inst.waiters.clear()
-        if gpu.native and gpu.busy_since is None:
+        for inst in self.gpu.instances.values():
+            effects += self.pick_for(inst, now)
+        if self.gpu.native and self.gpu.busy_since is None:
+            self.gpu.busy_since = now
+        return effects
+
+    def pick_for(self, inst: InstanceState, now: int) -> list[Effect]:
+        """Grant every waiting client of ``inst`` a lease of its own, at once (none if its weight is 0)."""
+        gpu = self.gpu
+        if not inst.waiters or inst.weight == 0:
+            return []
+        effects: list[Effect] = []
+        for client, t in inst.waiters.items():
+            lease = Lease(gpu.next_lease_id(), inst, {client}, now, now + NATIVE_LEASE_NS,
+                          native_client=client, owner=self)
+            gpu.native[client] = lease
+            inst.grants += 1
+            inst.leases += 1
+            gpu.stats.grants += 1
+            effects.append(Grant(client, gpu.index, lease.id, lease.deadline_ns, now - t))
+        inst.waiters.clear()
+        if gpu.busy_since is None:
             gpu.busy_since = now
         return effects
 
