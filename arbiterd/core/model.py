@@ -75,6 +75,7 @@ class Lease:
     nominal_ns: int | None = None  # set while extended: where the lease would have ended
     native_client: int | None = None  # native policy: the one client of this lease (its key in ``native``)
     owner: Charger | None = None
+    renewal: bool = False  # granted to the instance whose lease ended in the same step: nothing changed hands
 
 
 @dataclass(slots=True)
@@ -107,6 +108,7 @@ class GpuState:
         self._last_lease = 0
         self.turns = 0
         self.busy_since: int | None = None
+        self.last_ended: tuple[InstanceState, int] | None = None  # whose lease ended last, and when
         self.handover = HandoverMeter()
         self.slice_ns = self.pick_slice_ns()
         self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
@@ -154,8 +156,10 @@ class GpuState:
 
         ``extension`` is the part of the lease's length that pays for its expected hand-over.
         """
+        ended = self.last_ended
         lease = Lease(self.next_lease_id(), inst, set(inst.waiters), now, deadline, highprio, ring, prepaid,
-                      extension_ns=extension, owner=owner)
+                      extension_ns=extension, owner=owner,
+                      renewal=ended is not None and ended[0] is inst and ended[1] == now)
         waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
         effects: list[Effect] = [Grant(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
         inst.waiters.clear()

@@ -461,13 +461,18 @@ class GpuScheduler(GpuState):
         return leases
 
     def _measure(self, lease: Lease, now: int, used_ns: int, warmup_ns: int) -> None:
-        """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the meter."""
+        """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the meter.
+
+        A renewal (the same instance again, at once: alone, or a second turn in a row) changed no hands:
+        what it lost is not billed either, but it neither sizes the slice nor lengthens the instance's
+        turns, which must pay for real hand-overs (an instance alone for a while would otherwise come
+        back to contention with a slice and turns sized for none)."""
         overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
-        if self.handover.observe(overhead):
+        if not lease.renewal and self.handover.observe(overhead):
             self._refresh_slice(now)
         kept = self.handover.discount(overhead)
         lease.discount_ns = min(kept, now - lease.granted_ns)
-        if not self.policy.concurrent:
+        if not self.policy.concurrent and not lease.renewal:
             self._follow_own_handover(lease.inst, kept, now)
 
     def _follow_own_handover(self, inst: InstanceState, kept: int, now: int) -> None:
@@ -497,6 +502,7 @@ class GpuScheduler(GpuState):
         held = now - lease.granted_ns
         billed = max(0, held - lease.discount_ns)  # its useful time: what it held less its hand-over
         inst = lease.inst
+        self.last_ended = (inst, now)
         inst.held_ns += held
         inst.useful_ns += billed
         inst.leases -= 1

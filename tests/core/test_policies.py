@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Grant, Revoke
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, Grant, Revoke
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
 from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
@@ -449,3 +449,41 @@ def test_a_native_lease_hands_nothing_over_and_is_billed_what_it_held() -> None:
     assert sched.handover.count == 0
     assert sched.instances["A"].useful_ns == sched.instances["A"].held_ns == 5_000_000
     assert sched.instances["B"].useful_ns == sched.instances["B"].held_ns == 5_999_000
+
+
+def test_a_renewal_is_billed_its_loss_but_does_not_size_the_slice() -> None:
+    """The same instance again at once (alone, renewing) changed no hands: its small loss is not billed, but
+    it neither feeds the meter that sizes ``slice_ms = auto`` nor shortens the instance's turns, so a tenant
+    alone for a while comes back to contention with the slice that contention had measured."""
+    sched = GpuScheduler(0, GpuSettings(policy=2))
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 1, False, 0)
+    granted: dict[int, tuple[int, int, int]] = {}  # client -> (lease, granted at, deadline)
+
+    def take(effects: list[Effect], now: int) -> None:
+        for e in effects:
+            if isinstance(e, Grant):
+                granted[e.client] = (e.lease, now, e.deadline_ns)
+
+    take(sched.acquire("A", 1, 0) + sched.acquire("B", 2, 0), 0)
+
+    def turn(loss_ns: int) -> int:
+        """The holder uses its lease to the deadline and renews; returns when."""
+        (client, (lease, at, deadline)), = granted.items()
+        del granted[client]
+        effects, _ = sched.release(client, lease, deadline, again=True, used_ns=deadline - at, warmup_ns=loss_ns)
+        take(effects, deadline)
+        return deadline
+
+    for _ in range(40):  # contended: every lease a hand-over costing 2 ms
+        now = turn(2_000_000)
+    measured, slice_ns, extension = sched.handover.count, sched.slice_ns, sched.instances["A"].extension_ns
+    assert measured == 40 and extension > 0 and not any(lease.renewal for lease in sched.holders())
+    granted.pop(2, None)
+    take(sched.drop_client(2, now) + sched.remove_instance("B", now), now)  # B leaves: A renews alone
+    for _ in range(40):
+        turn(10_000)
+    a = sched.instances["A"]
+    assert sched.handover.count == measured + 1  # only A's lease that followed B's was measured
+    assert sched.slice_ns == slice_ns and a.extension_ns == extension
+    assert a.held_ns - a.useful_ns >= 40 * 10_000  # ... though each renewal's loss was not billed
