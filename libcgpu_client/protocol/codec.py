@@ -75,10 +75,20 @@ class Decoder:
 
         A frame that cannot be decoded raises ProtocolError, after the good frames before it.
         """
-        if len(data) > self.max_message:
-            return self._feed_chunks(data)
-        # the usual case, on the grant path: one read, no chunking, every frame good (a list, no generator)
-        self._feed_chunk(data)
+        if len(data) <= self.max_message:  # the usual case, on the grant path: one read, no chunking
+            return self._decode(data)
+        return self._feed_chunks(data)
+
+    def _feed_chunks(self, data: bytes) -> Iterator[Any]:
+        view = memoryview(data)
+        step = self.max_message
+        for start in range(0, len(view), step):
+            yield from self._decode(view[start:start + step])
+
+    def _decode(self, chunk: bytes | memoryview) -> Iterable[Any]:
+        """The frames ``chunk`` completes: a list when all decode (no generator on the hot path), else
+        those before the bad one, then the ProtocolError."""
+        self._feed_chunk(chunk)
         frames: list[Any] = []
         try:
             frames.extend(self._unpacker)  # ends quietly where the data does (no OutOfData raised)
@@ -87,18 +97,6 @@ class Decoder:
         if self.pending_bytes > self.max_message:
             return itertools.chain(frames, self._fail(None))
         return frames
-
-    def _feed_chunks(self, data: bytes) -> Iterator[Any]:
-        view = memoryview(data)
-        step = self.max_message
-        for start in range(0, len(view), step):
-            self._feed_chunk(view[start:start + step])
-            try:
-                yield from self._unpacker
-            except _UNDECODABLE as exc:
-                yield from self._fail(exc)
-            if self.pending_bytes > self.max_message:
-                yield from self._fail(None)
 
     def _feed_chunk(self, chunk: bytes | memoryview) -> None:
         self._fed += len(chunk)
