@@ -357,7 +357,7 @@ class GpuScheduler(GpuState):
         if not inst.waiters and not inst.leases:
             self.policy.demand(inst, now)
         inst.waiters.setdefault(client, now)
-        effects += self.policy.pick_for(inst, now) if self.policy.concurrent else self._schedule(now)
+        effects += self._schedule(now, arrived=inst)
         self._touched(inst, now)
         return effects
 
@@ -524,10 +524,13 @@ class GpuScheduler(GpuState):
             self.busy_since = None
         self.policy.after_charge(inst)
 
-    def _schedule(self, now: int) -> list[Effect]:
-        """Hand the GPU to whoever should have it now: high priority first, then the policy."""
+    def _schedule(self, now: int, arrived: InstanceState | None = None) -> list[Effect]:
+        """Hand the GPU to whoever should have it now: high priority first, then the policy.
+
+        ``arrived``: the one instance that just gained a waiter, if that is all that changed (a concurrent
+        policy, which grants every waiter on arrival, then looks at it alone)."""
         if self.policy.concurrent:
-            return self.policy.pick(now)
+            return self.policy.pick(now) if arrived is None else self.policy.pick_for(arrived, now)
         if self.native:
             return []  # draining leases granted under the native policy
         self.hp.accrue(now)

@@ -52,8 +52,7 @@ class Policy:
         raise NotImplementedError
 
     def pick_for(self, inst: InstanceState, now: int) -> list[Effect]:
-        """After ``inst`` alone gained a waiter: the same as :meth:`pick` (a concurrent policy, which grants
-        every waiter on arrival, looks at ``inst`` only)."""
+        """:meth:`pick`, after only ``inst`` gained a waiter (a concurrent policy looks at ``inst`` alone)."""
         return self.pick(now)
 
     def wakeup(self) -> int | None:

@@ -24,8 +24,6 @@ class Native(Policy):
         effects: list[Effect] = []
         for inst in self.gpu.instances.values():
             effects += self.pick_for(inst, now)
-        if self.gpu.native and self.gpu.busy_since is None:
-            self.gpu.busy_since = now
         return effects
 
     def pick_for(self, inst: InstanceState, now: int) -> list[Effect]:
