@@ -318,23 +318,28 @@ class Arbiter:
         info.gpus = tuple(dict.fromkeys(gpus))
         return Registration(instance, out, warnings), effects
 
-    def _registered(self, cid: int, gpu: int) -> InstanceRecord:
-        info = self.client(cid)
+    def _instance_on(self, cid: int, gpu: int) -> str:
+        """The instance client ``cid`` registered on ``gpu`` (the grant path needs no more than its name)."""
+        info = self.clients.get(cid)
+        if info is None:
+            raise NotFoundError(f"unknown client {cid}")
         if info.instance is None:
             raise IdentityError("register first")
         if gpu not in info.gpus:
             raise IdentityError(f"client is not registered on GPU {gpu}")
-        return self.record(gpu, info.instance)
+        return info.instance
+
+    def _registered(self, cid: int, gpu: int) -> InstanceRecord:
+        return self.record(gpu, self._instance_on(cid, gpu))
 
     def acquire(self, cid: int, gpu: int, now: int) -> list[Effect]:
-        rec = self._registered(cid, gpu)
-        return self.scheds[gpu].acquire(rec.name, cid, now)
+        return self.scheds[gpu].acquire(self._instance_on(cid, gpu), cid, now)
 
     def release(
         self, cid: int, gpu: int, lease: int, now: int, again: bool = False, used_ns: int | None = None,
         warmup_ns: int | None = None,
     ) -> tuple[list[Effect], bool]:
-        self._registered(cid, gpu)
+        self._instance_on(cid, gpu)
         return self.scheds[gpu].release(cid, lease, now, again=again, used_ns=used_ns, warmup_ns=warmup_ns)
 
     def mem_reserve(self, cid: int, gpu: int, nbytes: int) -> MemDecision:

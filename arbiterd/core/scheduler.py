@@ -49,7 +49,7 @@ class GpuScheduler(GpuState):
         self._client_inst: dict[int, InstanceState] = {}
         self.hp = HighPriority(self, now)
         self.policy: Policy = make_policy(settings.policy, self, now)
-        self.ent = Entitlement(now)
+        self.ent = Entitlement(self.instances, now)
         self._shares_for: dict[frozenset[str], dict[str, float]] = {}  # entitled shares by who has demand
         # (who has demand, who toggles) -> who has demand after
         self._toggled: dict[tuple[frozenset[str], str], frozenset[str]] = {}
@@ -131,9 +131,9 @@ class GpuScheduler(GpuState):
         changed, and nothing remembered holds (on the grant path, demand changes with
         nearly every acquire and release, and the sets repeat).
         """
-        self.ent.accrue(self.instances, now)
         memo = self._shares_for
         if active is None:
+            self.ent.fold(now)
             memo.clear()
             active = frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
         shares = memo.get(active)
@@ -141,7 +141,7 @@ class GpuScheduler(GpuState):
             if len(memo) >= SHARES_REMEMBERED:
                 memo.clear()
             shares = memo[active] = {n: s for n, s in self.entitled(active).items() if s}
-        self.ent.active, self.ent.shares = active, shares
+        self.ent.switch(active, shares, now)
 
     def _resharing(self, effects: list[Effect], now: int) -> list[Effect]:
         self._reshare(now)
@@ -202,7 +202,7 @@ class GpuScheduler(GpuState):
                     self._client_inst.pop(client, None)
                 self.stats.revoked["removed"] += 1
                 self._end_lease(lease, now)
-        self.ent.accrue(self.instances, now)
+        self.ent.fold(now)
         del self.instances[name]
         self.hp.changed()
         self.policy.removed(inst)
@@ -498,7 +498,8 @@ class GpuScheduler(GpuState):
             self._end_lease(lease, now)
 
     def _end_lease(self, lease: Lease, now: int) -> None:
-        self.hp.accrue(now)
+        if self.hp.members:  # with none, the credit only fills to its cap: accrued in one step when one comes
+            self.hp.accrue(now)
         held = now - lease.granted_ns
         billed = max(0, held - lease.discount_ns)  # its useful time: what it held less its hand-over
         inst = lease.inst
@@ -518,7 +519,8 @@ class GpuScheduler(GpuState):
         owner = lease.owner if lease.owner is not None else self.policy
         overrun = max(0, lease.granted_ns + billed - (lease.deadline_ns - lease.extension_ns))
         charged = owner.charge(lease, Bill(held, billed, overrun, now))
-        self.charge_vtime(inst, charged, self.policy.vtime_weight(inst))
+        if charged:
+            self.charge_vtime(inst, charged, self.policy.vtime_weight(inst))
         if self.lease is None and not self.native and self.busy_since is not None:
             self.stats.busy_ns += now - self.busy_since
             self.busy_since = None

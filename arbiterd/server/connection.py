@@ -181,7 +181,7 @@ class ClientConnection(asyncio.Protocol):
         hub.apply(effects)
 
     def acquire(self, msg: p.Acquire) -> None:
-        self.hub.apply(self.hub.arbiter.acquire(self.cid, msg.gpu, time.monotonic_ns()))
+        self.hub.apply(self.hub.arbiter.acquire(self.cid, msg.gpu, time.monotonic_ns()), msg.gpu)
 
     def release(self, msg: p.Release) -> None:
         hub = self.hub
@@ -189,7 +189,7 @@ class ClientConnection(asyncio.Protocol):
                                          used_ns=msg.used_ns, warmup_ns=msg.warmup_ns)
         if msg.id is not None:
             self.send(p.Ok(msg.id))
-        hub.apply(effects)
+        hub.apply(effects, msg.gpu)
 
     def mem_reserve(self, msg: p.MemReserve) -> None:
         dec = self.hub.arbiter.mem_reserve(self.cid, msg.gpu, msg.bytes)

@@ -61,7 +61,6 @@ class Hub:
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
-        self._arm_pending = False
 
     # ----------------------------------------------------------- clients
     def attach(self, peer: Peer) -> int:
@@ -85,8 +84,11 @@ class Hub:
         raise NotFoundError(f"no GPU {ref!r} on this host")
 
     # ----------------------------------------------------- effects & timer
-    def apply(self, effects: list[Effect]) -> None:
-        """Send each effect to its client as a message, and keep the core's timer armed."""
+    def apply(self, effects: list[Effect], gpu: int | None = None) -> None:
+        """Send each effect to its client as a message, and keep the core's timer armed.
+
+        ``gpu``: the one GPU whose scheduler the event touched (an acquire or a release), if that is all.
+        """
         for eff in effects:
             peer = self.peers.get(eff.client)
             if peer is None:
@@ -100,17 +102,21 @@ class Hub:
                 if eff.reason == "overrun":
                     log.warning("GPU %d client %d (pid %d): lease %d overran its deadline; revoked",
                                 eff.gpu, peer.cid, peer.pid, eff.lease)
-        if not self._arm_pending:  # once per loop iteration, however many messages it handled
-            self._arm_pending = True
-            asyncio.get_running_loop().call_soon(self._arm_timer)
+        self._arm_timer(gpu)
 
-    def _arm_timer(self) -> None:
-        self._arm_pending = False
-        at = self.arbiter.next_wakeup()
-        if self._timer is not None and self._timer_at is not None and (at is None or at >= self._timer_at):
-            # the armed timer comes first: keep it (a tick with nothing due only arms the next);
-            # re-arming on every message costs more than the odd early tick
+    def _arm_timer(self, gpu: int | None) -> None:
+        """Keep the timer armed at or before the core's next wakeup (an early tick only arms the next).
+
+        The armed timer is already at or before every GPU's wakeup as last asked, so after an event on
+        one GPU only that GPU's wakeup is asked again, and the timer moves only if it came earlier:
+        on the grant path that is one scheduler's check per message, not a timer per message.
+        """
+        at = self.arbiter.next_wakeup() if gpu is None else self.arbiter.scheds[gpu].next_wakeup()
+        timer_at = self._timer_at
+        if self._timer is not None and timer_at is not None and (at is None or at >= timer_at):
             return
+        if gpu is not None and at is None:
+            return  # nothing armed and nothing due on this GPU; the others had nothing either
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

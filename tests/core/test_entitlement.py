@@ -100,3 +100,23 @@ def test_delivered_follows_owed_within_1pp_under_the_simulator(policy: int, max_
         _, owed, demand = sim.sched.entitlement(name, sim.now)
         assert demand > 0
         assert abs(sim.sched.useful_ns(name, sim.now) - owed) / sim.now <= 0.01, name
+
+
+def test_spans_of_repeated_demand_sets_give_the_same_integrals_as_accruing_event_by_event() -> None:
+    """Policy 4, A (weight 1) always busy, B (weight 3) toggling every second for 100 s; at 50 s B's weight
+    becomes 1. Demand changes only add time to a span, read whole and folded at the weight change:
+    A is owed 1/4 while B runs (1/2 after 50 s) and all of it while B is idle."""
+    sched = GpuScheduler(0, GpuSettings(policy=4, max_inst=8), 0)
+    sched.add_instance("A", 1, False, 0)
+    sched.add_instance("B", 3, False, 0)
+    sched.acquire("A", 1, 0)
+    for t in range(0, 100, 2):
+        if t == 50:
+            sched.set_weight("B", 1, t * S)
+        sched.acquire("B", 2, t * S)  # waiting is demand
+        sched.drop_client(2, (t + 1) * S)
+    a = (25 * 1 / 4 + 25 * 1 + 25 * 1 / 2 + 25 * 1) * S
+    assert sched.entitlement("A", 100 * S) == (a, a, 100 * S)
+    b = (25 * 3 / 4 + 25 * 1 / 2) * S
+    assert sched.entitlement("B", 100 * S) == (b, b, 50 * S)
+    assert len(sched.ent._spans) <= 2  # the two sets since the weight change, folded before it

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant
-from arbiterd.core.model import InstanceState, Lease
+from arbiterd.core.model import Bill, InstanceState, Lease
 from arbiterd.core.policies.base import Policy
 
 NATIVE_LEASE_NS = 1000 * NS_PER_MS
@@ -44,6 +44,12 @@ class Native(Policy):
         if gpu.busy_since is None:
             gpu.busy_since = now
         return effects
+
+    def charge(self, lease: Lease, bill: Bill) -> int:
+        """Nothing in virtual time while this policy is in force: leases run side by side, there are no turns
+        to be fair about and a switch starts fairness afresh. A lease still draining after a switch is billed
+        as every policy bills it (its time past the switch is debt for its next turn)."""
+        return super().charge(lease, bill) if self.retired else 0
 
     def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
         return {i.name: 1.0 if i.name in active else 0.0 for i in members}
