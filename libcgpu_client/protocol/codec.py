@@ -88,22 +88,20 @@ class Decoder:
     def _decode(self, chunk: bytes | memoryview) -> Iterable[Any]:
         """The frames ``chunk`` completes: a list when all decode (no generator on the hot path), else
         those before the bad one, then the ProtocolError."""
-        self._feed_chunk(chunk)
-        frames: list[Any] = []
-        try:
-            frames.extend(self._unpacker)  # ends quietly where the data does (no OutOfData raised)
-        except _UNDECODABLE as exc:
-            return itertools.chain(frames, self._fail(exc))
-        if self.pending_bytes > self.max_message:
-            return itertools.chain(frames, self._fail(None))
-        return frames
-
-    def _feed_chunk(self, chunk: bytes | memoryview) -> None:
+        unpacker = self._unpacker
         self._fed += len(chunk)
         try:
-            self._unpacker.feed(chunk)
+            unpacker.feed(chunk)
         except msgpack.BufferFull:
             raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+        frames: list[Any] = []
+        try:
+            frames.extend(unpacker)  # ends quietly where the data does (no OutOfData raised)
+        except _UNDECODABLE as exc:  # the frames before the bad one were kept by extend
+            return itertools.chain(frames, self._fail(exc))
+        if self._fed - unpacker.tell() > self.max_message:
+            return itertools.chain(frames, self._fail(None))
+        return frames
 
     def _fail(self, exc: Exception | None) -> Iterator[Any]:
         """Raise the ProtocolError for ``exc`` (None: a frame still arriving is already too large)."""
