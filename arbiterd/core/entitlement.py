@@ -32,57 +32,54 @@ SPANS_KEPT = 256  # sets of instances with demand whose time is kept apart befor
 
 
 class Entitlement:
-    """The shares in force since ``at``, for the instances ``active`` with demand, and the time earlier sets
-    were in force (their spans), not yet folded into the integrals of ``instances``."""
+    """The shares in force since ``at``, for the instances ``active`` with demand, and how long each earlier
+    set was in force (its span), not yet folded into the integrals of ``instances``."""
 
     def __init__(self, instances: Mapping[str, InstanceState], now: int) -> None:
         self.instances = instances
         self.at = now
         self.active: frozenset[str] = frozenset()
         self.shares: dict[str, float] = {}
-        self._spans: dict[frozenset[str], tuple[dict[str, float], int]] = {}
+        self._spans: dict[frozenset[str], int] = {}  # set with demand -> ns in force since the last fold
+        # its shares: the same values every time it comes back until the next fold (folds come before
+        # every change of a setting or of the membership)
+        self._shares_of: dict[frozenset[str], dict[str, float]] = {}
 
     def switch(self, active: frozenset[str], shares: dict[str, float], now: int) -> None:
         """From ``now`` the instances ``active`` have demand, under ``shares``."""
-        self._close(now)
+        dt = now - self.at
+        if dt > 0:
+            self.at = now
+            spans, key = self._spans, self.active
+            spent = spans.get(key)
+            if spent is None:
+                if len(spans) >= SPANS_KEPT:
+                    self.fold(now)
+                spent = 0
+                self._shares_of[key] = self.shares
+            spans[key] = spent + dt
         self.active, self.shares = active, shares
 
     def fold(self, now: int) -> None:
         """Advance every instance's integrals to ``now``: before a setting or the membership changes a share."""
-        self._close(now)
-        for active, (shares, dt) in self._spans.items():
-            self._add(active, shares, dt)
+        self.switch(self.active, self.shares, now)
+        for active, dt in self._spans.items():
+            self._add(active, self._shares_of[active], dt)
         self._spans.clear()
+        self._shares_of.clear()
 
     def pending(self, inst: InstanceState, now: int) -> tuple[float, float, int]:
         """``inst``'s (entitled, owed, demand) ns up to ``now``, without advancing anything."""
         entitled, owed, demand = inst.entitled_ns, inst.owed_ns, inst.demand_ns
         name = inst.name
-        for active, (shares, dt) in [*self._spans.items(), (self.active, (self.shares, max(0, now - self.at)))]:
+        spans = [(active, self._shares_of[active], dt) for active, dt in self._spans.items()]
+        for active, shares, dt in [*spans, (self.active, self.shares, max(0, now - self.at))]:
             share = shares.get(name, 0.0)
             entitled += share * dt
             if name in active:
                 owed += share * dt
                 demand += dt
         return entitled, owed, demand
-
-    def _close(self, now: int) -> None:
-        """Add the time since ``at`` to the span of the set in force."""
-        dt = now - self.at
-        if dt <= 0:
-            return
-        self.at = now
-        spans = self._spans
-        span = spans.get(self.active)
-        if span is None:
-            if len(spans) >= SPANS_KEPT:
-                self.fold(now)
-            spans[self.active] = (self.shares, dt)
-        elif span[0] is self.shares:
-            spans[self.active] = (self.shares, span[1] + dt)
-        else:  # the same set under shares computed again (same settings, so the same values): kept apart
-            self._add(self.active, span[0], span[1])
-            spans[self.active] = (self.shares, dt)
 
     def _add(self, active: frozenset[str], shares: dict[str, float], dt: int) -> None:
         instances = self.instances

@@ -51,8 +51,8 @@ class GpuScheduler(GpuState):
         self.policy: Policy = make_policy(settings.policy, self, now)
         self.ent = Entitlement(self.instances, now)
         self._shares_for: dict[frozenset[str], dict[str, float]] = {}  # entitled shares by who has demand
-        # (who has demand, who toggles) -> who has demand after
-        self._toggled: dict[tuple[frozenset[str], str], frozenset[str]] = {}
+        # (who has demand, who toggles) -> who has demand after, and their shares
+        self._toggled: dict[tuple[frozenset[str], str], tuple[frozenset[str], dict[str, float]]] = {}
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
@@ -131,17 +131,22 @@ class GpuScheduler(GpuState):
         changed, and nothing remembered holds (on the grant path, demand changes with
         nearly every acquire and release, and the sets repeat).
         """
-        memo = self._shares_for
         if active is None:
             self.ent.fold(now)
-            memo.clear()
+            self._shares_for.clear()
+            self._toggled.clear()
             active = frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
+        self.ent.switch(active, self._shares(active), now)
+
+    def _shares(self, active: frozenset[str]) -> dict[str, float]:
+        """The entitled shares while ``active`` have demand, remembered until a setting or the membership changes."""
+        memo = self._shares_for
         shares = memo.get(active)
         if shares is None:
             if len(memo) >= SHARES_REMEMBERED:
                 memo.clear()
             shares = memo[active] = {n: s for n, s in self.entitled(active).items() if s}
-        self.ent.switch(active, shares, now)
+        return shares
 
     def _resharing(self, effects: list[Effect], now: int) -> list[Effect]:
         self._reshare(now)
@@ -153,14 +158,16 @@ class GpuScheduler(GpuState):
             return
         active = self.ent.active
         if (bool(inst.waiters) or inst.leases > 0) != (inst.name in active):
-            # the set after the toggle, remembered: the same sets come back on every acquire and release
+            # the set after the toggle and its shares, remembered: the same sets come back on every acquire
+            # and release
             key = (active, inst.name)
-            toggled = self._toggled.get(key)
-            if toggled is None:
+            step = self._toggled.get(key)
+            if step is None:
                 if len(self._toggled) >= SHARES_REMEMBERED:
                     self._toggled.clear()
-                toggled = self._toggled[key] = active ^ {inst.name}
-            self._reshare(now, toggled)
+                after = active ^ {inst.name}
+                step = self._toggled[key] = (after, self._shares(after))
+            self.ent.switch(step[0], step[1], now)
 
     def has_demand(self, name: str) -> bool:
         """Whether ``name`` waits for or holds a lease."""
@@ -421,13 +428,15 @@ class GpuScheduler(GpuState):
 
     def next_wakeup(self) -> int | None:
         """The earliest time at which :meth:`tick` has something to do."""
-        # called after every burst of messages: the cheap tests first
+        # asked after every acquire and release: the cheap tests first
         times = []
         if self.native:  # the first ends first (model.py), unless one was revoked: then each is looked at
             if self.native_revoked:
                 end = min(n.deadline_ns if n.revoked_ns is None else n.revoked_ns for n in self.native.values())
             else:
                 end = next(iter(self.native.values())).deadline_ns
+            if self.lease is None:  # native leases only (policy 5's grant path): nothing else can be due
+                return end + self.overrun_ns
             times.append(end + self.overrun_ns)  # every native lease has the same overrun allowance
         lease = self.lease
         if lease is not None:
