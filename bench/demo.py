@@ -24,10 +24,12 @@ from bench.common import ROOT, tool
 from libcgpu_client.client import wait_for_socket
 
 
-def _held(admin: str) -> dict[str, float]:
+def _times(admin: str) -> dict[str, tuple[float, float]]:
+    """Each instance's (useful, held) seconds: useful is what it is billed, held less its hand-overs."""
     out = subprocess.run([tool("cgpu-smi"), "--admin", admin, "--json"], capture_output=True, text=True,
                          check=True).stdout
-    return {i["id"]: i["held_seconds"] for g in json.loads(out)["gpus"] for i in g["instances"]}
+    return {i["id"]: (i["useful_seconds"], i["held_seconds"]) for g in json.loads(out)["gpus"]
+            for i in g["instances"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
             for name, weight in (("job-a", 1), ("job-b", 2))
         }
         deadline = time.monotonic() + 30
-        while set(_held(admin)) != {"job-a", "job-b"} and time.monotonic() < deadline:
+        while set(_times(admin)) != {"job-a", "job-b"} and time.monotonic() < deadline:
             time.sleep(0.1)  # the window opens only once both instances are registered
         time.sleep(0.5)
-        first = _held(admin)
+        first, w0 = _times(admin), time.monotonic_ns()
         time.sleep(max(1.0, args.seconds - 3.0))
-        second = _held(admin)
+        second, w1 = _times(admin), time.monotonic_ns()
         for cmd in (["cgpu-smi"], ["cgpuctl", "ls", "0"], ["cgpuctl", "cat", "0/job-b/weight"],
                     ["cgpuctl", "echo", "9", "0/policy"]):
             print(f"\n$ {' '.join(cmd)}", flush=True)
@@ -67,14 +69,20 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(proc.stdout + proc.stderr)
             if cmd[0] == "cgpuctl" and cmd[1] == "echo":
                 print(f"(exit code {proc.returncode}: the value is refused and nothing changes)")
-        for proc in clients.values():
-            proc.communicate(timeout=args.seconds + 30)
-        a = second["job-a"] - first["job-a"]
-        b = second["job-b"] - first["job-b"]
-        print(f"\nGPU time held while both ran ({args.seconds - 3.0:.0f} s window, weights 1:2, policy 2):")
-        print(f"  job-a (weight 1): {a:6.2f} s  {100 * a / (a + b):5.1f} %")
-        print(f"  job-b (weight 2): {b:6.2f} s  {100 * b / (a + b):5.1f} %")
-        print(f"  ratio b/a = {b / a:.2f} (target 2.00)")
+        work = {}  # each client's operation time inside the window: what it got done
+        for name, client in clients.items():
+            out, _ = client.communicate(timeout=args.seconds + 30)
+            spans = json.loads(out.splitlines()[-1])["intervals"]
+            work[name] = sum(max(0, min(e, w1) - max(s, w0)) for s, e in spans) / 1e9
+        a, ha = (second["job-a"][k] - first["job-a"][k] for k in (0, 1))
+        b, hb = (second["job-b"][k] - first["job-b"][k] for k in (0, 1))
+        print(f"\nWhile both ran ({args.seconds - 3.0:.0f} s window, weights 1:2, policy 2, slice_ms auto):")
+        wa, wb = work["job-a"], work["job-b"]
+        print(f"  {'':17} {'work done':>9} {'share':>7} {'billed':>8} {'held':>8}")
+        for name, w, billed, held in (("job-a (weight 1)", wa, a, ha), ("job-b (weight 2)", wb, b, hb)):
+            print(f"  {name}: {w:7.2f} s  {100 * w / (wa + wb):5.1f} %  {billed:6.2f} s  {held:6.2f} s")
+        print(f"  work done b/a = {wb / wa:.2f} (target 2.00); billed (useful time) {b / a:.2f}; held {hb / ha:.2f}, "
+              "as each turn also holds its hand-over")
         return 0
     finally:
         daemon.terminate()

@@ -19,13 +19,14 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import results
 from bench.common import ROOT
-from bench.fidelity_run import Daemon, NativeTenants, TorchTenants, calibrate
+from bench.fidelity_run import Daemon, NativeTarget, NativeTenants, TorchTenants, calibrate
 
 TARGETS = {"max_share_error_pp": 3.0, "min_aggregate_pct": 95.0, "max_ratio_error_pct": 2.5,
            "pinned5_ratio_error_pct": 2.5}
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-fid-", dir="/tmp"))
     kind = "native" if args.native else "torch"
+    where: NativeTarget | None = None
     if args.native:
         from bench.fidelity_run import native_target
 
@@ -256,15 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[str] = []
     for size in args.sizes.split(","):
         ms = float(size)
-        with Daemon(tmp / f"d-{size}", real_gpu=args.native and where.real_gpu) as daemon:
+        with Daemon(tmp / f"d-{size}", real_gpu=where is not None and where.real_gpu) as daemon:
+            tenants_of: Callable[[Row], NativeTenants | TorchTenants]
             if args.native:
-                def tenants_of(row: Row, ms: float = ms) -> NativeTenants:
+                assert where is not None
+                def native_of(row: Row, ms: float = ms, where: NativeTarget = where) -> NativeTenants:
                     return NativeTenants(where, daemon, row, ms, tmp)
+                tenants_of = native_of
                 label = f"{ms:g} ms kernels"
             else:
                 matmul = calibrate(ms, args.threads)
-                def tenants_of(row: Row, matmul: int = matmul) -> TorchTenants:
+                def torch_of(row: Row, matmul: int = matmul) -> TorchTenants:
                     return TorchTenants(daemon, row, matmul, args.threads)
+                tenants_of = torch_of
                 label = f"{ms:g} ms ops (matmul {matmul}, {args.threads} thread{'s' * (args.threads > 1)})"
             for row in ROWS:
                 if args.only and args.only not in row.name:

@@ -30,15 +30,21 @@ STEADY_MALLOC = "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_thresho
 
 
 class TenantLike(Protocol):
-    name: str
-    weight: int
-    busy: bool
-    highprio: bool
+    @property
+    def name(self) -> str: ...
+    @property
+    def weight(self) -> int: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def highprio(self) -> bool: ...
 
 
 class RowLike(Protocol):
-    name: str
-    tenants: tuple[TenantLike, ...]
+    @property
+    def name(self) -> str: ...
+    @property
+    def tenants(self) -> tuple[TenantLike, ...]: ...
 
 
 class Daemon:
@@ -172,7 +178,7 @@ class _Tenants:
     def leases(self, name: str) -> list[tuple[int, int]]:
         if not self.data:
             self._collect()
-        return [tuple(x) for x in self.data[name]["leases"]]  # type: ignore[misc]
+        return [tuple(x) for x in self.data[name]["leases"]]
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

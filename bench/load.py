@@ -74,7 +74,7 @@ def worker(sock: str, specs_json: str, seconds: float, out: str) -> None:
     import uvloop
 
     specs = [tuple(s) for s in json.loads(specs_json)]
-    Path(out).write_text(json.dumps(uvloop.run(_worker_main(sock, specs, seconds))))  # type: ignore[arg-type]
+    Path(out).write_text(json.dumps(uvloop.run(_worker_main(sock, specs, seconds))))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -120,7 +120,8 @@ def loaded(pid: int, clients: int, run: Callable[[], dict[str, Any]]) -> dict[st
 def capacity(levels: dict[str, dict[str, Any]]) -> int:
     """Pairs/s at which the daemon uses 80 % of one core: interpolated between the two levels whose CPU
     shares straddle it; scaled from the nearest level where none do (every level below, or above, 80 %)."""
-    pts = sorted((r["daemon_cpu_pct"] / 100, r["achieved_pairs_per_s"]) for r in levels.values())
+    pts: list[tuple[float, float]] = sorted((r["daemon_cpu_pct"] / 100, r["achieved_pairs_per_s"])
+                                            for r in levels.values())
     for (s0, r0), (s1, r1) in itertools.pairwise(pts):
         if s0 <= SATURATED_CPU <= s1 and s1 > s0:
             return round(r0 + (r1 - r0) * (SATURATED_CPU - s0) / (s1 - s0))
@@ -354,10 +355,11 @@ def native_grants(sock: str, pid: int, seconds: float, runs: int = 3, realtime_p
 
     The 64-client level runs ``runs`` times: a noisy second on this VM moves one run by 20 us (even the
     bare floor doubles then), so the run with the median p50 is kept, with every run's p50 and p99."""
+    from libcgpu_client.native import HERE as native_dir
     from libcgpu_client.native import build as nb
 
     out = Path(tempfile.mkdtemp(prefix="cgpu-rtt-"))
-    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], out / "grant_rtt")
+    rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", native_dir / "mp.c"], out / "grant_rtt")
     pingpong = nb.build_program([ROOT / "bench/native/pingpong.c"], out / "pingpong")
 
     grants: dict[str, dict[str, Any]] = {}
@@ -471,11 +473,12 @@ def start_daemon(tmp: Path, realtime_priority: int) -> tuple[subprocess.Popen[by
 
 def normal_priority_grants(seconds: float) -> dict[str, Any]:
     """The 64-client C round trip again, against a daemon at normal priority (for comparison)."""
+    from libcgpu_client.native import HERE as native_dir
     from libcgpu_client.native import build as nb
 
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-ovh-"))
     try:
-        rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", nb.HERE / "mp.c"], tmp / "grant_rtt")
+        rtt = nb.build_program([ROOT / "bench/native/grant_rtt.c", native_dir / "mp.c"], tmp / "grant_rtt")
         daemon, sock, _ = start_daemon(tmp, 0)
         try:
             return loaded(daemon.pid, 64, lambda: run_rtt([str(rtt), sock, "64", str(seconds)], seconds))

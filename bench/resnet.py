@@ -40,7 +40,8 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + self.shortcut(x))
+        y: torch.Tensor = self.relu(out + self.shortcut(x))
+        return y
 
 
 class ResNet50(nn.Module):
@@ -67,7 +68,8 @@ class ResNet50(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layers(self.stem(x))
-        return self.fc(torch.flatten(self.pool(x), 1))
+        y: torch.Tensor = self.fc(torch.flatten(self.pool(x), 1))
+        return y
 
 
 def count_layers(model: nn.Module) -> int:

@@ -199,7 +199,9 @@ class Runner:
             admin.put(f"0/{nb}/weight", str(weights[nb]))
 
         def set_policy(policy: int) -> Callable[[], None]:
-            return lambda: admin.put("0/policy", str(policy))
+            def put() -> None:
+                admin.put("0/policy", str(policy))
+            return put
 
         for i in range(SEGMENTS):
             if i in EXCLUSIVE_BEFORE:  # q stops: p alone; p stops, q starts: q alone; both again

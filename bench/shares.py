@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.settings import GpuSettings
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run only scenarios whose name contains this")
     parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = parser.parse_args(argv)
-    rows = []
+    rows: list[dict[str, Any]] = []
     worst = 0.0
     for sc in SCENARIOS:
         if args.only and args.only not in sc.name:

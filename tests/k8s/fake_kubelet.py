@@ -163,7 +163,7 @@ class FakeKubelet:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc_root.mkdir(parents=True, exist_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
@@ -198,7 +198,7 @@ class FakeKubelet:
         path = self.dir / request.endpoint
         channel = grpc.insecure_channel(f"unix://{path}")
         grpc.channel_ready_future(channel).result(timeout=5)
-        stub = pb_grpc.DevicePluginStub(channel)
+        stub = pb_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
         self.calls.append(("GetDevicePluginOptions", request.resource_name))
         options = stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
         ep = Endpoint(request.resource_name, path, channel, stub, options)
