@@ -25,10 +25,20 @@ an integer sum.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from arbiterd.core.model import InstanceState
 
 SPANS_KEPT = 256  # sets of instances with demand whose time is kept apart before a fold
+
+
+@dataclass(slots=True)
+class Span:
+    """One set with demand since the last fold: its shares (the same values every time it comes back until
+    the next fold, which comes before every change of a setting or of the membership) and its time in force."""
+
+    shares: dict[str, float]
+    ns: int
 
 
 class Entitlement:
@@ -40,40 +50,36 @@ class Entitlement:
         self.at = now
         self.active: frozenset[str] = frozenset()
         self.shares: dict[str, float] = {}
-        self._spans: dict[frozenset[str], int] = {}  # set with demand -> ns in force since the last fold
-        # its shares: the same values every time it comes back until the next fold (folds come before
-        # every change of a setting or of the membership)
-        self._shares_of: dict[frozenset[str], dict[str, float]] = {}
+        self._spans: dict[frozenset[str], Span] = {}
 
     def switch(self, active: frozenset[str], shares: dict[str, float], now: int) -> None:
         """From ``now`` the instances ``active`` have demand, under ``shares``."""
         dt = now - self.at
         if dt > 0:
             self.at = now
-            spans, key = self._spans, self.active
-            spent = spans.get(key)
-            if spent is None:
+            spans = self._spans
+            span = spans.get(self.active)
+            if span is not None:
+                span.ns += dt
+            else:
                 if len(spans) >= SPANS_KEPT:
                     self.fold(now)
-                spent = 0
-                self._shares_of[key] = self.shares
-            spans[key] = spent + dt
+                spans[self.active] = Span(self.shares, dt)
         self.active, self.shares = active, shares
 
     def fold(self, now: int) -> None:
         """Advance every instance's integrals to ``now``: before a setting or the membership changes a share."""
         self.switch(self.active, self.shares, now)
-        for active, dt in self._spans.items():
-            self._add(active, self._shares_of[active], dt)
+        for active, span in self._spans.items():
+            self._add(active, span.shares, span.ns)
         self._spans.clear()
-        self._shares_of.clear()
 
     def pending(self, inst: InstanceState, now: int) -> tuple[float, float, int]:
         """``inst``'s (entitled, owed, demand) ns up to ``now``, without advancing anything."""
         entitled, owed, demand = inst.entitled_ns, inst.owed_ns, inst.demand_ns
         name = inst.name
-        spans = [(active, self._shares_of[active], dt) for active, dt in self._spans.items()]
-        for active, shares, dt in [*spans, (self.active, self.shares, max(0, now - self.at))]:
+        for active, span in [*self._spans.items(), (self.active, Span(self.shares, max(0, now - self.at)))]:
+            shares, dt = span.shares, span.ns
             share = shares.get(name, 0.0)
             entitled += share * dt
             if name in active:

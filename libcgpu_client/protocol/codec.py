@@ -99,7 +99,7 @@ class Decoder:
             frames.extend(unpacker)  # ends quietly where the data does (no OutOfData raised)
         except _UNDECODABLE as exc:  # the frames before the bad one were kept by extend
             return itertools.chain(frames, self._fail(exc))
-        if self._fed - unpacker.tell() > self.max_message:
+        if self.pending_bytes > self.max_message:
             return itertools.chain(frames, self._fail(None))
         return frames
 
