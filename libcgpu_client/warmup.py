@@ -35,7 +35,19 @@ what its last long lease taught (running alone, or a turn past 50 ms, which
 ``slice_ms = auto`` reaches when hand-overs cost much); if its speed drifts
 meanwhile, the error is in proportion to each lease's length, so bills stay in
 proportion between tenants while the measured hand-over reads high or low. With
-nothing learnt yet only the wake-up is reported. Where operations are
+nothing learnt yet only the wake-up is reported.
+
+A pace can also be stale the other way round, and then it must be forgotten: a
+process that learnt it in a slow spell (alone, while another tenant's
+interpreter was starting on the same cores) reads every later short lease as
+faster than usual, a loss below zero in proportion to the lease. Beside a
+tenant that never learnt a pace (it never had a long lease) and so reports
+only its wake-up, that tenant is billed more than it held, and 1:2 of useful
+time gave 1.65-1.84 of work done in the demo. A warm-up is not below zero on
+average, so where the first stretches of the last :data:`CHECK_LEASES`
+compared leases ran, in sum, faster than the pace by more than
+:data:`STALE_PCT` % of their time, everything learnt is forgotten and only the
+wake-up is reported until a long lease teaches it again. Where operations are
 asynchronous (CUDA) only the wake-up is reported. The daemon bounds what a
 report can change in a bill (arbiterd.core.accounting).
 """
@@ -52,6 +64,8 @@ SPEEDS = 64
 COST_RUNS = 1024  # a kind's cost: the mean of about its last 1024 runs (an exponential window)
 MAX_KINDS = 4096  # past this many kinds of operation, what was learnt of their costs starts over
 NEVER = 2**63 - 1
+CHECK_LEASES = 16  # a pace is checked against the first stretches of this many compared leases ...
+STALE_PCT = 1  # ... which together may not run faster than it by more than this share of their time
 
 
 class WarmupMeter:
@@ -71,6 +85,8 @@ class WarmupMeter:
         self.last_at = -1  # when the operation under way started (-1: none) ...
         self.last_kind: Hashable = None  # ... and its kind
         self.stretch_ns = self.stretch_cost = 0.0  # the first stretch's operations of known kind
+        self._checked = 0  # compared leases since the pace was last checked ...
+        self._checked_ns = self._checked_warm = 0.0  # ... their first stretches' time, and its warm-up in sum
 
     def begin(self, granted_at: int) -> None:
         """A lease arrived at ``granted_at``."""
@@ -143,4 +159,29 @@ class WarmupMeter:
         if not self.estimate_warmup or speed is None or not self.stretch_ns:
             return wake
         span = self.stretch_ns
-        return wake + int(min(max(-span, span - self.stretch_cost * speed), span))
+        warm = span - self.stretch_cost * speed
+        if self._stale(span, warm):
+            return wake
+        return wake + int(min(max(-span, warm), span))
+
+    def _stale(self, span: float, warm: float) -> bool:
+        """Count one compared lease; True where the pace proved stale (below zero on average) and was forgotten."""
+        self._checked += 1
+        self._checked_ns += span
+        self._checked_warm += warm
+        if self._checked < CHECK_LEASES:
+            return False
+        stale = self._checked_warm * 100 < -STALE_PCT * self._checked_ns
+        self._checked, self._checked_ns, self._checked_warm = 0, 0.0, 0.0
+        if stale:
+            self.forget()
+        return stale
+
+    def forget(self) -> None:
+        """Drop every cost and speed learnt: only the wake-up is reported until a long lease teaches them again."""
+        self.costs.clear()
+        self.speeds.clear()
+        self._ns = self._cost = 0.0
+        self._speed = 1.0
+        self._chunk_ns = self._chunk_cost = 0.0
+        self._chunk_ops = 0
