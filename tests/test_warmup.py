@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 
 import pytest
 
-from libcgpu_client.warmup import CHECK_LEASES, SETTLE_NS, WarmupMeter
+from libcgpu_client.warmup import CHECK_LEASES, CHECK_NS, SETTLE_NS, WarmupMeter
 
 MS = 1_000_000
 
@@ -136,25 +136,26 @@ def test_a_stale_speed_errs_in_proportion_to_the_lease_so_bills_keep_their_ratio
 def test_a_pace_learnt_in_a_slow_spell_is_forgotten_once_short_leases_run_faster_than_it() -> None:
     """The demo's case: a process learnt its 1 ms ops at 1.074 ms while another's interpreter was starting, then
     gets only 17 ms turns that run at 1 ms per op. Each reads -1.2 ms lost (it would be billed more than it
-    held) until CHECK_LEASES of them show the pace is stale; then it reports its wake-up only, like a tenant
-    that never learnt a pace."""
+    held) until enough of them (CHECK_LEASES, CHECK_NS) show the pace is stale; then it reports its wake-up
+    only, like a tenant that never learnt a pace."""
     m = WarmupMeter()
     lease(m, 0, 0, [1_074_000] * 100)
-    losses = [lease(m, 0, 100_000, [MS] * 17) for _ in range(3 * CHECK_LEASES)]
-    assert losses[:CHECK_LEASES - 1] == [100_000 - 17 * 74_000] * (CHECK_LEASES - 1)
-    assert losses[CHECK_LEASES - 1:] == [100_000] * (2 * CHECK_LEASES + 1)
+    block = max(CHECK_LEASES, -(-CHECK_NS // (17 * MS)))  # the compared leases a check needs
+    losses = [lease(m, 0, 100_000, [MS] * 17) for _ in range(3 * block)]
+    assert losses[:block - 1] == [100_000 - 17 * 74_000] * (block - 1)
+    assert losses[block - 1:] == [100_000] * (2 * block + 1)
     assert m.speed() is None and not m.costs
     lease(m, 0, 0, [MS] * 100)  # a long lease teaches the pace again
     assert m.usual_ns() == pytest.approx(MS)
 
 
 def test_a_pace_that_holds_is_kept_though_single_leases_read_below_zero() -> None:
-    """A warm-up of 0.3 ms on the first op and noise of +-0.1 ms on the rest: single leases read below zero,
-    but on average the first stretches are not faster than the pace, so it is never forgotten."""
+    """A warm-up of 0.3 ms on the first op of three leases in four and noise of +-0.1 ms on the rest: some leases
+    read below zero, but on average the first stretches are not faster than the pace, so it is never forgotten."""
     m = WarmupMeter()
     lease(m, 0, 0, [500_000] * 200)
     noise = [100_000, -100_000, -100_000, 0, 100_000, -100_000, -100_000, 100_000]
-    for k in range(20 * CHECK_LEASES):
+    for k in range(4 * CHECK_NS // (5 * MS)):  # 5 ms leases: four checks
         ops = [800_000 if k % 4 else 500_000] + [500_000 + noise[(k + i) % 8] for i in range(9)]
         lease(m, 0, 0, ops)
     assert m.usual_ns() == pytest.approx(500_000)
