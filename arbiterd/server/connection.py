@@ -15,7 +15,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from arbiterd import __version__
 from arbiterd.core.errors import CoreError
@@ -118,32 +118,14 @@ class ClientConnection(asyncio.Protocol):
             self.hello(msg)
             return
         try:
-            self.dispatch(msg)
+            handler = _HANDLERS.get(type(msg))
+            if handler is None:
+                raise p.ProtocolError("bad_request", f"{msg.OP} is not a request")
+            handler(self, msg)
         except CoreError as exc:
             self.send(p.Error(exc.code, str(exc), getattr(msg, "id", None)))
         except p.ProtocolError as exc:
             self.send(p.Error(exc.code, exc.message, getattr(msg, "id", None)))
-
-    def dispatch(self, msg: p.Message) -> None:
-        match msg:
-            case p.Acquire():
-                self.acquire(msg)
-            case p.Release():
-                self.release(msg)
-            case p.MemReserve():
-                self.mem_reserve(msg)
-            case p.MemFree():
-                self.mem_free(msg)
-            case p.MemQuery():
-                self.mem_query(msg)
-            case p.Register():
-                self.register(msg)
-            case p.Stats():
-                self.stats(msg)
-            case p.Bye():
-                self.close()
-            case _:
-                raise p.ProtocolError("bad_request", f"{msg.OP} is not a request")
 
     def hello(self, msg: p.Hello) -> None:
         common = [v for v in msg.versions if v in p.SUPPORTED_VERSIONS]
@@ -217,3 +199,12 @@ class ClientConnection(asyncio.Protocol):
                 gpus.append(g)
         self.send(p.StatsReply(msg.id, gpus))
 
+
+
+# each request's handler, by its message class: one lookup instead of a chain of isinstance tests per message
+_HANDLERS: dict[type[p.Message], Callable[[ClientConnection, Any], None]] = {
+    p.Acquire: ClientConnection.acquire, p.Release: ClientConnection.release,
+    p.MemReserve: ClientConnection.mem_reserve, p.MemFree: ClientConnection.mem_free,
+    p.MemQuery: ClientConnection.mem_query, p.Register: ClientConnection.register,
+    p.Stats: ClientConnection.stats, p.Bye: lambda conn, msg: conn.close(),
+}
