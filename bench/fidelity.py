@@ -120,7 +120,10 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
 
     A tenant's share in a cycle is its rate in the contended run (whole rounds after a warm-up) against its
     rate alone just before and just after. In a 1:2 row the two processes swap weights between cycles
-    (ABBA), so a difference between the processes themselves cancels; shares are reported by weight.
+    (ABBA), so a difference between the processes themselves cancels; shares are reported by weight. A
+    cycle around which a tenant's rate alone moved by more than ``--drift`` % (the machine changed pace, so
+    its reference is unsure) is run again, as many times in all as the row has cycles at most; the row says how
+    many were.
     """
     for key, value in {**ROW_DEFAULTS, **row.settings}.items():
         daemon.set(f"0/{key}", value)
@@ -128,7 +131,8 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     cycles = args.ratio_cycles if row.ratio else args.cycles
     books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
     alone_spans: list[dict[str, tuple[int, int]]] = []
-    runs: list[tuple[int, int, dict[str, int]]] = []
+    runs: list[tuple[int, int, dict[str, int], int]] = []  # (start, end, weights, the run alone before it)
+    repeated = 0
     with tenants_of(row) as ts:
 
         def alone() -> None:
@@ -139,6 +143,16 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
                 spans[t.name] = (a0 + int(0.3e9), a1)
             alone_spans.append(spans)
 
+        def drift_pct(j: int) -> float:
+            """How far a busy tenant's rate alone moved from run alone ``j`` to the next, at most (%)."""
+            ts.refresh()
+            moved = 0.0
+            for t in busy:
+                ends = ts.ends(t.name)
+                r0, r1 = (rate(ends, *alone_spans[i][t.name]) for i in (j, j + 1))
+                moved = max(moved, 100 * abs(r1 / r0 - 1) if r0 else 100.0)
+            return moved
+
         alone()
         gpu: dict[str, Any] = {}
         for k in range(cycles):
@@ -147,30 +161,38 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
                 weights = {"A": 2, "B": 1}
             for name in sorted(weights, key=lambda n: weights[n]):  # lower first: the sum stays <= max_inst
                 daemon.set(f"0/{ts.instance(name)}/weight", str(weights[name]))
-            daemon.set("0/policy", str(row.policy))
-            before = daemon.status()
-            # whole rounds are measured: a row with long rounds (3:5:7 at 100 ms is 1.5 s) runs longer
-            seconds = max(args.contended, args.warmup + ROUNDS * round_s(row))
-            t0, t1 = ts.run([t.name for t in busy], seconds)
-            after = daemon.status()
-            gpu = after["gpus"][0]
-            by_weight = {t.weight: t.name for t in busy}
-            account(books, ts, row, before, after,
-                    {t.name: by_weight[weights[t.name]] if row.ratio and t.busy else t.name for t in row.tenants})
-            runs.append((t0, t1, weights))
-            alone()
+            while True:
+                daemon.set("0/policy", str(row.policy))
+                before = daemon.status()
+                # whole rounds are measured: a row with long rounds (3:5:7 at 100 ms is 1.5 s) runs longer
+                seconds = max(args.contended, args.warmup + ROUNDS * round_s(row))
+                t0, t1 = ts.run([t.name for t in busy], seconds)
+                after = daemon.status()
+                alone()
+                j = len(alone_spans) - 2
+                if repeated < cycles and drift_pct(j) > args.drift:
+                    repeated += 1
+                    continue
+                gpu = after["gpus"][0]
+                by_weight = {t.weight: t.name for t in busy}
+                account(books, ts, row, before, after,
+                        {t.name: by_weight[weights[t.name]] if row.ratio and t.busy else t.name
+                         for t in row.tenants})
+                runs.append((t0, t1, weights, j))
+                break
+        ts.refresh()
         ends = {t.name: ts.ends(t.name) for t in busy}
         leases = ts.leases(busy[0].name)
     by_role: dict[str, list[float]] = {t.name: [] for t in busy}
     role_of = {(t.weight, t.name) for t in busy}
     log_ratios = []  # weight 2's rate over weight 1's, in the same window: drift of the machine cancels
-    for k, (t0, t1, weights) in enumerate(runs):
+    for t0, t1, weights, j in runs:
         # whole rounds: from a turn start of the first busy tenant after the warm-up to a later one
         starts = [g for g, _ in leases if t0 + args.warmup * 1e9 <= g < t1]
         w0, w1 = (starts[0], starts[-1]) if len(starts) > 2 else (int(t0 + args.warmup * 1e9), t1)
         rates = {name: rate(ends[name], w0, w1) for name in weights}
         for name in weights:
-            excl = statistics.mean(rate(ends[name], *alone_spans[j][name]) for j in (k, k + 1))
+            excl = statistics.mean(rate(ends[name], *alone_spans[i][name]) for i in (j, j + 1))
             role = name if not row.ratio else next(n for w, n in role_of if w == weights[name])
             by_role[role].append(100 * rates[name] / excl)
         if row.ratio:
@@ -182,6 +204,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     out: dict[str, Any] = {
         "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
         "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"], "cycles": cycles,
+        "repeated": repeated,
         "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
                      "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
                      "error_pp": round(shares[t.name] - t.target, 2),
@@ -215,12 +238,13 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
         for t in r["tenants"]:
             ratio = f"{r['ratio']:.3f}" if "ratio" in r and t is r["tenants"][0] else ""
             agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
+            again = str(r["repeated"]) if t is r["tenants"][0] else ""
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
                          f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f} | {t['name']}"
                          f" (w{t['weight']}){' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
                          f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} | "
                          f"{t['daemon_entitled_pct']:.1f} | {t['daemon_delivered_pct']:.1f} | "
-                         f"{t['daemon_error_pp']:+.1f} |")
+                         f"{t['daemon_error_pp']:+.1f} | {again} |")
     return lines
 
 
@@ -240,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contended", type=float, default=6.0, help="seconds of each contended run, at least: "
                    "a run lasts 8 of the row's rounds after its warm-up")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of a contended run left out")
+    p.add_argument("--drift", type=float, default=10.0, help="a cycle around which a tenant's rate alone moved "
+                   "by more than this %% is run again (default 10)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-fid-", dir="/tmp"))
@@ -283,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                                 for t in r["tenants"] if t["busy"])
                 print(f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
                       f"{r['handover_ms']:.2f} ms: {shares} sum {r['aggregate_pct']:.1f}"
-                      + (f" ratio {r['ratio']:.3f}" if "ratio" in r else "") + f" (by cycle {excl})", flush=True)
+                      + (f" ratio {r['ratio']:.3f}" if "ratio" in r else "") + f" (by cycle {excl}"
+                      + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
     summ = summary(rows_out)
     ok = all(summ[k] <= v if k != "min_aggregate_pct" else summ[k] >= v for k, v in TARGETS.items())
@@ -294,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                 "handover_target_pct 2, policy set per row through the tree); the pinned row sets slice_ms 5. "
                 + ("" if args.native else
                    f"Torch tenants: {args.threads} intra-op thread{'s' if args.threads > 1 else ''} each. ")
-                + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row. "
+                + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row; a run around which a "
+                f"tenant's rate alone moved by more than {args.drift:g} % was run again (the row's `again` column). "
                 + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
                 "in the same run; window: whole rounds after a warm-up. The last three columns are the daemon's "
                 "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err; in a "
@@ -302,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                 "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
                 "tenant had demand), in points.", "",
                 "| tenants | row | policy | settings | slice in force / hand-over (ms) | tenant | target % | "
-                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp |",
-                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | again |",
+                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
         summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
         results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")

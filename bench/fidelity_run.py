@@ -169,6 +169,10 @@ class _Tenants:
             self._line(self.procs[name])
             self.data[name] = json.loads(path.read_text())
 
+    def refresh(self) -> None:
+        """Read what the tenants recorded again at the next look (between phases)."""
+        self.data = {}
+
     def ends(self, name: str) -> list[int]:
         """When each unit of work of tenant ``name`` finished, so far (read after the phases)."""
         if not self.data:
