@@ -50,8 +50,9 @@ faster than the pace by more than :data:`STALE_PCT` % of their time, everything
 learnt is forgotten and only the wake-up is reported until a long lease
 teaches it again. (Where the pace holds, blocks of about 0.6 s of 0.5 ms torch
 operators read from -2 to +14 %, +2.5 % on average, on this project's VM.)
-Where operations are asynchronous (CUDA) only the wake-up is reported. The daemon bounds what a
-report can change in a bill (arbiterd.core.accounting).
+
+Where operations are asynchronous (CUDA) only the wake-up is reported. The
+daemon bounds what a report can change in a bill (arbiterd.core.accounting).
 """
 
 from __future__ import annotations

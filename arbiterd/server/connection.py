@@ -200,7 +200,6 @@ class ClientConnection(asyncio.Protocol):
         self.send(p.StatsReply(msg.id, gpus))
 
 
-
 # each request's handler, by its message class: one lookup instead of a chain of isinstance tests per message
 _HANDLERS: dict[type[p.Message], Callable[[ClientConnection, Any], None]] = {
     p.Acquire: ClientConnection.acquire, p.Release: ClientConnection.release,
