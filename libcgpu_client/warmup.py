@@ -75,14 +75,18 @@ STALE_PCT = 3  # ... which together may not run faster than it by more than this
 class WarmupMeter:
     """Per lease: when it was first used and how its first stretch ran; across leases: costs and speed."""
 
+    _ns: float  # the speeds' sums ...
+    _cost: float
+    _speed: float  # ... and their ratio (1.0 until a chunk is in)
+    _chunk_ns: float  # the chunk being filled
+    _chunk_cost: float
+    _chunk_ops: int
+
     def __init__(self, estimate_warmup: bool = True) -> None:
         self.estimate_warmup = estimate_warmup
         self.costs: dict[Hashable, list[float]] = {}  # kind -> [mean ns, runs counted, at most COST_RUNS]
         self.speeds: deque[tuple[float, float]] = deque(maxlen=SPEEDS)  # (ns, cost) of chunks
-        self._ns = self._cost = 0.0  # their sums
-        self._speed = 1.0  # their ratio (1.0 until a chunk is in)
-        self._chunk_ns = self._chunk_cost = 0.0
-        self._chunk_ops = 0
+        self.forget()  # nothing learnt yet
         self.granted_at = 0
         self.first = -1  # not used yet
         self.settle_at = NEVER  # operations that start before this are the first stretch
