@@ -74,15 +74,16 @@ def main(argv: list[str] | None = None) -> int:
             out, _ = client.communicate(timeout=args.seconds + 30)
             spans = json.loads(out.splitlines()[-1])["intervals"]
             work[name] = sum(max(0, min(e, w1) - max(s, w0)) for s, e in spans) / 1e9
-        a, ha = (second["job-a"][k] - first["job-a"][k] for k in (0, 1))
-        b, hb = (second["job-b"][k] - first["job-b"][k] for k in (0, 1))
+        billed, held = ({n: second[n][k] - first[n][k] for n in work} for k in (0, 1))
         print(f"\nWhile both ran ({args.seconds - 3.0:.0f} s window, weights 1:2, policy 2, slice_ms auto):")
-        wa, wb = work["job-a"], work["job-b"]
         print(f"  {'':17} {'work done':>9} {'share':>7} {'billed':>8} {'held':>8}")
-        for name, w, billed, held in (("job-a (weight 1)", wa, a, ha), ("job-b (weight 2)", wb, b, hb)):
-            print(f"  {name}: {w:7.2f} s  {100 * w / (wa + wb):5.1f} %  {billed:6.2f} s  {held:6.2f} s")
-        print(f"  work done b/a = {wb / wa:.2f} (target 2.00); billed (useful time) {b / a:.2f}; held {hb / ha:.2f}, "
-              "as each turn also holds its hand-over")
+        for n, label in (("job-a", "job-a (weight 1)"), ("job-b", "job-b (weight 2)")):
+            print(f"  {label}: {work[n]:7.2f} s  {100 * work[n] / sum(work.values()):5.1f} %  "
+                  f"{billed[n]:6.2f} s  {held[n]:6.2f} s")
+        def b_over_a(x: dict[str, float]) -> str:
+            return f"{x['job-b'] / x['job-a']:.2f}"
+        print(f"  work done b/a = {b_over_a(work)} (target 2.00); billed (useful time) {b_over_a(billed)}; "
+              f"held {b_over_a(held)}, as each turn also holds its hand-over")
         return 0
     finally:
         daemon.terminate()
