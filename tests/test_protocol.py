@@ -10,6 +10,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from libcgpu_client import protocol as p
 from libcgpu_client.protocol.schema import render
@@ -127,6 +129,22 @@ def test_decoder_reassembles_split_frames() -> None:
     for i in range(len(data)):
         out += list(dec.feed(data[i:i + 1]))
     assert [m["op"] for m in out] == ["hello", "register", "acquire"]
+
+
+@given(st.lists(st.integers(0, 2**40), min_size=1, max_size=8), st.lists(st.integers(1, 40), max_size=30))
+def test_frames_cut_anywhere_come_out_whole_and_in_order(leases: list[int], cuts: list[int]) -> None:
+    """Reads that hold several frames, end inside one, or both: every frame comes out once, in order."""
+    frames = [p.Release(0, lease, 0).pack() for lease in leases]
+    data = b"".join(frames)
+    dec = p.Decoder()
+    out: list[Any] = []
+    at = 0
+    for n in [*cuts, len(data)]:
+        out += list(dec.feed(data[at:at + n]))
+        at = min(at + n, len(data))
+        # what is buffered is exactly the start of the first frame not yet out
+        assert dec.pending_bytes == at - sum(map(len, frames[:len(out)]))
+    assert [m["lease"] for m in out] == leases and dec.pending_bytes == 0
 
 
 def test_oversized_frame_is_rejected() -> None:

@@ -68,7 +68,8 @@ class Decoder:
             max_map_len=MAX_MAP_KEYS,
             max_ext_len=0,
         )
-        self._fed = 0
+        self._fed = 0  # bytes fed in all
+        self._whole = 0  # where the last whole frame ended, in the same count
 
     def feed(self, data: bytes) -> Iterable[Any]:
         """Feed ``data``; iterate every complete frame in it, decoded but not yet validated.
@@ -96,8 +97,15 @@ class Decoder:
             raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
         frames: list[Any] = []
         try:
-            frames.extend(unpacker)  # ends quietly where the data does (no OutOfData raised)
-        except _UNDECODABLE as exc:  # the frames before the bad one were kept by extend
+            # one unpack() per frame while bytes are left, rather than iterating: an iterator ends by
+            # raising at the end of the data, and on the grant path (one whole frame per read) that
+            # exception cost more than decoding the frame
+            while unpacker.tell() < self._fed:
+                frames.append(unpacker.unpack())
+                self._whole = unpacker.tell()
+        except msgpack.OutOfData:  # a frame still arriving: the unpacker keeps what it has of it
+            pass
+        except _UNDECODABLE as exc:
             return itertools.chain(frames, self._fail(exc))
         if self.pending_bytes > self.max_message:
             return itertools.chain(frames, self._fail(None))
@@ -114,5 +122,8 @@ class Decoder:
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes fed that do not yet form a whole message (a frame still arriving)."""
-        return int(self._fed - self._unpacker.tell())
+        """Bytes fed that do not yet form a whole message (a frame still arriving).
+
+        Counted from the end of the last whole frame: the unpacker's own position moves into a frame as it
+        parses the parts that have arrived (a frame cut after its first key read as nothing pending)."""
+        return self._fed - self._whole
