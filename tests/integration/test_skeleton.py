@@ -71,7 +71,7 @@ def _send_bad_frames(d: DaemonProc) -> None:
     raw = RawClient(d.sock)
     raw.send({"op": "hello", "versions": [1], "client": "t"})
     assert raw.recv()["op"] == "welcome"
-    raw.send_raw(msgpack.packb({"op": "acquire", "id": 1, "gpu": 0})[:3])
+    raw.send_raw(msgpack.packb({"op": "acquire", "id": 1, "gpu": 0})[:4])  # cut after its first whole key
     # an unknown op on a healthy connection gets an error reply and the connection stays
     raw2 = RawClient(d.sock)
     raw2.hello_register("raw2")
