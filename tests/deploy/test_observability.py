@@ -128,8 +128,11 @@ def test_the_starvation_alert_fires_on_the_series_the_daemon_produced(live: Scra
         for kind in STARVED:
             metric = f"cgpu_instance_{kind}_seconds_total"
             v1 = value(live.first, metric, gpu="1", instance=name)
-            step = round(30 * (value(live.second, metric, gpu="1", instance=name) - v1) / live.seconds, 6)
-            slope[(name, kind)] = step / 30  # what promtool's rate() will see
+            # the measured slope to 4 significant digits, as the alert prints it: at a slope of 0.49935 the
+            # expected "49.93" and promtool's own arithmetic ("49.94") rounded a tie apart
+            rate = float(f"{(value(live.second, metric, gpu='1', instance=name) - v1) / live.seconds:.4g}")
+            slope[(name, kind)] = rate  # what promtool's rate() will see
+            step = round(30 * rate, 6)
             series.append({"series": f'{metric}{{job="cgpu", gpu="1", instance="{name}"}}',
                            "values": f"{v1:.6f}+{step:.6f}x12"})
     test = {"rule_files": [str(RULES)], "evaluation_interval": "30s",
