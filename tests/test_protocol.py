@@ -162,6 +162,19 @@ def test_oversized_partial_frame_is_rejected_before_it_completes() -> None:
             list(dec.feed(big[i:i + 4096]))
 
 
+def test_a_partial_frame_of_many_small_parts_is_rejected_once_it_passes_the_limit() -> None:
+    """The unpacker parses a frame's parts as they arrive, and keeps them: a frame of many small strings
+    would otherwise grow without bound (up to 4096 of 64 KiB) while no single part is too large."""
+    big = msgpack.packb(["x" * 1000] * 4096)
+    dec = p.Decoder()
+    fed = 0
+    with pytest.raises(p.ProtocolError) as exc:
+        for i in range(0, len(big), 4096):
+            fed += 4096
+            list(dec.feed(big[i:i + 4096]))
+    assert exc.value.code == "too_large" and fed <= p.MAX_MESSAGE + 4096
+
+
 @pytest.mark.parametrize("garbage", [b"\xc1", b"\xff" * 10, b"\x92\x01\x02", b"\xa3abc"])
 def test_garbage_is_rejected(garbage: bytes) -> None:
     with pytest.raises(p.ProtocolError):
