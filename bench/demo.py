@@ -32,6 +32,11 @@ def _times(admin: str) -> dict[str, tuple[float, float]]:
             for i in g["instances"]}
 
 
+def _b_over_a(x: dict[str, float]) -> str:
+    """job-b's figure over job-a's, as the demo prints it."""
+    return f"{x['job-b'] / x['job-a']:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,10 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, label in (("job-a", "job-a (weight 1)"), ("job-b", "job-b (weight 2)")):
             print(f"  {label}: {work[n]:7.2f} s  {100 * work[n] / sum(work.values()):5.1f} %  "
                   f"{billed[n]:6.2f} s  {held[n]:6.2f} s")
-        def b_over_a(x: dict[str, float]) -> str:
-            return f"{x['job-b'] / x['job-a']:.2f}"
-        print(f"  work done b/a = {b_over_a(work)} (target 2.00); billed (useful time) {b_over_a(billed)}; "
-              f"held {b_over_a(held)}, as each turn also holds its hand-over")
+        print(f"  work done b/a = {_b_over_a(work)} (target 2.00); billed (useful time) {_b_over_a(billed)}; "
+              f"held {_b_over_a(held)}, as each turn also holds its hand-over")
         return 0
     finally:
         daemon.terminate()
