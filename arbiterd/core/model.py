@@ -8,10 +8,10 @@ uses: grant a lease, revoke one, pick by virtual time, pay a debt.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from arbiterd.core.accounting import HandoverMeter
-from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke, value
 from arbiterd.core.settings import AUTO, GpuSettings
 
 VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
@@ -44,8 +44,9 @@ class InstanceState:
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 
 
-class Bill(NamedTuple):
-    """How a lease ended, for the class that bills it (a named tuple: one is built per lease)."""
+@value
+class Bill:
+    """How a lease ended, for the class that bills it (one is built per lease)."""
 
     held: int  # grant to release, as the daemon saw it
     billed: int  # useful time: held, less its hand-over

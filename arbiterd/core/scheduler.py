@@ -461,8 +461,10 @@ class GpuScheduler(GpuState):
 
     def _leases_of(self, client: int) -> list[Lease]:
         """The leases ``client`` holds: its own under policy 5 (keyed by it), and the shared one."""
-        leases = []
         own = self.native.get(client)
+        if own is None and self.lease is None:  # the usual acquire: nothing held
+            return []
+        leases = []
         if own is not None and client in own.clients:
             leases.append(own)
         if self.lease is not None and client in self.lease.clients:
