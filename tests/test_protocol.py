@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libcgpu_client import protocol as p
+from libcgpu_client.protocol import messages
 from libcgpu_client.protocol.schema import render
 
 ROOT = Path(__file__).parent.parent
@@ -103,6 +104,28 @@ def test_the_grant_spelled_out_is_the_generic_wire_form() -> None:
 
 def test_a_version_1_acquire_with_an_id_is_still_accepted() -> None:
     assert p.decode({"op": "acquire", "id": 0, "gpu": 1}, p.C2S) == p.Acquire(1, 0)
+
+
+_VALUES = st.one_of(st.integers(-(2**64), 2**65), st.booleans(), st.none(), st.text(max_size=2), st.floats(0, 1),
+                   st.lists(st.integers(0, 3), max_size=2))
+
+
+@given(st.sampled_from(["acquire", "release"]),
+       st.dictionaries(st.sampled_from(["gpu", "lease", "used_ns", "again", "id", "warmup_ns", "bytes", "x"]),
+                       _VALUES, max_size=7))
+def test_the_grant_path_s_quick_forms_agree_with_the_field_table(op: str, fields: dict[str, Any]) -> None:
+    """decode tries acquire and release in the shape clients send them before the general validator: for any
+    frame the two give the same message, or the same error."""
+    raw = {"op": op, **fields}
+
+    def outcome(fn: Any) -> Any:
+        try:
+            return fn(raw, p.C2S)
+        except p.ProtocolError as exc:
+            return exc.code, exc.message
+
+    assert outcome(p.decode) == outcome(messages.validate)
+    assert raw == {"op": op, **fields}  # the frame is left as it came
 
 
 @pytest.mark.parametrize("bad", [

@@ -18,7 +18,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from libcgpu_client.protocol.codec import ProtocolError, pack
 
@@ -66,7 +66,7 @@ T = TypeVar("T", bound=Message)
 INT_MIN, INT_END = -(2**63), 2**64  # what a msgpack int can hold
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return type(value) is int and INT_MIN <= value < INT_END  # (a bool is not an int here)
 
 
@@ -128,7 +128,20 @@ def message(op: str, direction: str, reply: str | None = None) -> Callable[[type
 
 
 def decode(raw: Any, direction: str | None = None) -> Message:
-    """The message a decoded frame holds; raises ProtocolError saying what is wrong with it."""
+    """The message a decoded frame holds; raises ProtocolError saying what is wrong with it.
+
+    The two messages of the grant path are first tried in the shape clients send them, checked field
+    by field (:data:`_AS_SENT`); anything else, and every error, goes through :func:`validate`."""
+    if type(raw) is dict and direction != S2C:
+        op = raw.get("op")
+        quick = _AS_SENT.get(op) if type(op) is str else None
+        if quick is not None and (msg := quick(raw)) is not None:
+            return msg
+    return validate(raw, direction)
+
+
+def validate(raw: Any, direction: str | None = None) -> Message:
+    """:func:`decode` by the message's field table alone: what the quick forms must agree with."""
     if not isinstance(raw, dict):
         raise ProtocolError("bad_frame", f"expected a map, got {type(raw).__name__}")
     op = raw.get("op")
@@ -208,6 +221,30 @@ class Release(Message):
     again: bool = False
     id: int | None = None
     warmup_ns: int | None = None
+
+
+def _acquire_as_sent(raw: dict[str, Any]) -> Acquire | None:
+    """``{op, gpu}`` or ``{op, gpu, id}`` with int values as an Acquire; None for any other shape."""
+    gpu, rid = raw.get("gpu"), raw.get("id")
+    if _is_int(gpu) and len(raw) == (2 if rid is None else 3) and (rid is None or _is_int(rid)):
+        return Acquire(gpu, rid)
+    return None
+
+
+def _release_as_sent(raw: dict[str, Any]) -> Release | None:
+    """A release whose fields are all known and well typed, as a Release; None for any other shape."""
+    gpu, lease, used, again = raw.get("gpu"), raw.get("lease"), raw.get("used_ns"), raw.get("again", False)
+    rid, warmup = raw.get("id"), raw.get("warmup_ns")
+    # the length test leaves no room for a key not read above (and an explicit nil id or warmup is one)
+    if (_is_int(gpu) and _is_int(lease) and _is_int(used) and type(again) is bool
+            and (rid is None or _is_int(rid)) and (warmup is None or _is_int(warmup))
+            and len(raw) == 4 + ("again" in raw) + (rid is not None) + (warmup is not None)):
+        return Release(gpu, lease, used, again, rid, warmup)
+    return None
+
+
+_AS_SENT: dict[str, Callable[[dict[str, Any]], Message | None]] = {
+    "acquire": _acquire_as_sent, "release": _release_as_sent}
 
 
 @message("mem_reserve", C2S, reply="ok|denied")
