@@ -352,6 +352,29 @@ def test_lone_holder_lease_is_extended_until_someone_waits() -> None:
     assert [e.client for e in effects] == [2]
 
 
+@pytest.mark.parametrize("policy", [1, 4])
+def test_a_lone_high_priority_instance_renews_no_more_often_than_a_normal_one(policy: int) -> None:
+    """Alone on a work-conserving policy, the time a high-priority instance takes past its credit is leftover
+    time, extended as any lone holder's is: it renews about once a second, not once a slice (each renewal costs
+    the tenant a round trip and a warm-up; it used to renew every 6 ms here). A newcomer still gets the GPU
+    after the holder's nominal turn."""
+    counts = {}
+    for hp in (True, False):
+        sim = Simulation(GpuSettings(policy=policy, slice_ms=5, prio_ratio=60), [SimInstance("H", highprio=hp)])
+        res = sim.run(10 * NS_PER_S)
+        assert pct(res, "H") == pytest.approx(100, abs=TOL)
+        counts[hp] = res.instances["H"].grants
+    assert counts[False] <= 11 and counts[True] <= 2 * counts[False]
+    sched = GpuScheduler(0, GpuSettings(policy=policy, slice_ms=5, prio_ratio=60))
+    sched.add_instance("H", 1, True, 0)
+    sched.add_instance("N", 1, False, 0)
+    (g,) = sched.acquire("H", 1, 0)  # its credit-paid turn first: two slices banked
+    assert g.deadline_ns == 10 * NS_PER_MS
+    (g,) = sched.release(1, g.lease, 10 * NS_PER_MS, again=True)[0]  # then leftover time, extended
+    assert g.deadline_ns >= NS_PER_S
+    assert sched.acquire("N", 2, 12 * NS_PER_MS) == [Grant(1, 0, g.lease, 15 * NS_PER_MS, 0)]  # cut to its turn
+
+
 def test_a_stall_costs_at_most_twenty_slices_of_skipped_turns() -> None:
     """A holder that answers 3 s late is charged for it, but repays at most 20 slices by skipping."""
     sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5, overrun_ms=10_000))

@@ -95,9 +95,9 @@ class VirtualTime(Policy):
 
     def grant_turn(self, inst: InstanceState, now: int, length: int) -> list[Effect]:
         """Grant a turn of ``length`` useful ns, lengthened by the expected hand-over; extend it while
-        nobody else wants the GPU (no renewals when alone)."""
+        nobody else wants the GPU (no renewals when alone), a high-priority instance's leftover time too."""
         ext = self.gpu.extension_for(inst)
-        if self.contended(inst) or inst.highprio:
+        if self.contended(inst):
             return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
         effects = self.gpu.grant(inst, now, now + max(length + ext, EXTENDED_NS), self, extension=ext)
         assert self.gpu.lease is not None
