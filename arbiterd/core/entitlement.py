@@ -14,89 +14,125 @@ delivered (its useful time). Two more integrals make the comparison fair:
 
 The shares change only when the set of instances with demand or a setting
 changes. On the grant path demand changes with nearly every acquire and
-release, but between a few sets, each with the same shares every time: so a
-change of demand only adds the time the set was in force to that set's span
-(constant time), and the spans are folded into the instances' integrals when a
-setting or the membership is about to change the shares, or read whole when an
-instance's figures are asked for. Exact on the virtual clock: a span's time is
-an integer sum.
+release, but between a few sets, each with the same shares every time. So each
+set is kept as a :class:`DemandSet`: its shares, the time it was in force, and
+the set each instance's toggle leads to. A change of demand adds the time since
+the last one to the set in force and follows one link (constant time, no
+hashing of sets); the sets' times are folded into the instances' integrals when
+a setting or the membership is about to change the shares, or read whole when
+an instance's figures are asked for. Exact on the virtual clock: a set's time
+is an integer sum.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from arbiterd.core.model import InstanceState
 
-SPANS_KEPT = 256  # sets of instances with demand whose time is kept apart before a fold
+SETS_KEPT = 256  # sets of instances with demand kept apart before a fold
 
 
-@dataclass(slots=True)
-class Span:
-    """One set with demand since the last fold: its shares (the same values every time it comes back until
-    the next fold, which comes before every change of a setting or of the membership) and its time in force."""
+@dataclass(slots=True, eq=False)
+class DemandSet:
+    """The instances ``active`` with demand: their shares (the same every time the set comes back until the
+    next fold, which comes before every change of a setting or of the membership), the time the set was in
+    force since that fold, and the set that each instance's gaining or losing demand leads to."""
 
+    active: frozenset[str]
     shares: dict[str, float]
-    ns: int
+    ns: int = 0
+    after: dict[str, DemandSet] = field(default_factory=dict)
 
 
 class Entitlement:
-    """The shares in force since ``at``, for the instances ``active`` with demand, and how long each earlier
-    set was in force (its span), not yet folded into the integrals of ``instances``."""
+    """The set with demand in force since ``at``, every set in force since the last fold, and the integrals of
+    ``instances`` they are folded into. ``shares_of`` gives the shares of a set under the settings in force."""
 
-    def __init__(self, instances: Mapping[str, InstanceState], now: int) -> None:
+    def __init__(self, instances: Mapping[str, InstanceState], shares_of: Callable[[frozenset[str]], dict[str, float]],
+                 now: int) -> None:
         self.instances = instances
+        self.shares_of = shares_of
         self.at = now
-        self.active: frozenset[str] = frozenset()
-        self.shares: dict[str, float] = {}
-        self._spans: dict[frozenset[str], Span] = {}
+        self._sets: dict[frozenset[str], DemandSet] = {}
+        self.current = self._set(frozenset())
 
-    def switch(self, active: frozenset[str], shares: dict[str, float], now: int) -> None:
-        """From ``now`` the instances ``active`` have demand, under ``shares``."""
-        dt = now - self.at
-        if dt > 0:
-            self.at = now
-            spans = self._spans
-            span = spans.get(self.active)
-            if span is not None:
-                span.ns += dt
-            else:
-                if len(spans) >= SPANS_KEPT:
-                    self.fold(now)
-                spans[self.active] = Span(self.shares, dt)
-        self.active, self.shares = active, shares
+    @property
+    def active(self) -> frozenset[str]:
+        return self.current.active
 
-    def fold(self, now: int) -> None:
-        """Advance every instance's integrals to ``now``: before a setting or the membership changes a share."""
-        self.switch(self.active, self.shares, now)
-        for active, span in self._spans.items():
-            self._add(active, span.shares, span.ns)
-        self._spans.clear()
+    @property
+    def shares(self) -> dict[str, float]:
+        return self.current.shares
+
+    def toggle(self, name: str, now: int) -> None:
+        """``name`` gained or lost demand at ``now`` (the grant path: one link followed)."""
+        cur = self.current
+        nxt = cur.after.get(name)
+        if nxt is None:
+            if len(self._sets) >= SETS_KEPT:
+                self.fold(now)
+                cur = self.current
+            nxt = cur.after[name] = self._set(cur.active ^ {name})
+        cur.ns += now - self.at
+        self.at = now
+        self.current = nxt
+
+    def move(self, active: frozenset[str], now: int) -> None:
+        """From ``now`` the instances ``active`` have demand (several may have changed at once)."""
+        if active == self.current.active:
+            return
+        if active not in self._sets and len(self._sets) >= SETS_KEPT:
+            self.fold(now)
+        nxt = self._set(active)
+        self.current.ns += now - self.at
+        self.at = now
+        self.current = nxt
+
+    def fold(self, now: int, active: frozenset[str] | None = None) -> None:
+        """Advance every instance's integrals to ``now`` and forget the sets: before a setting or the membership
+        changes a share (the shares are asked again), or when too many sets are kept. ``active``: who has demand
+        from ``now`` (by default the same instances)."""
+        self.current.ns += now - self.at
+        self.at = now
+        instances = self.instances
+        for s in self._sets.values():
+            if not s.ns:
+                continue
+            for name, share in s.shares.items():
+                inst = instances.get(name)
+                if inst is None or not share:
+                    continue
+                inst.entitled_ns += share * s.ns
+                if name in s.active:
+                    inst.owed_ns += share * s.ns
+            for name in s.active:
+                inst = instances.get(name)
+                if inst is not None:
+                    inst.demand_ns += s.ns
+        self._sets.clear()
+        self.current = self._set(self.current.active if active is None else active)
 
     def pending(self, inst: InstanceState, now: int) -> tuple[float, float, int]:
         """``inst``'s (entitled, owed, demand) ns up to ``now``, without advancing anything."""
         entitled, owed, demand = inst.entitled_ns, inst.owed_ns, inst.demand_ns
         name = inst.name
-        for active, span in [*self._spans.items(), (self.active, Span(self.shares, max(0, now - self.at)))]:
-            shares, dt = span.shares, span.ns
-            share = shares.get(name, 0.0)
+        for s in self._sets.values():
+            dt = s.ns + (max(0, now - self.at) if s is self.current else 0)
+            share = s.shares.get(name, 0.0)
             entitled += share * dt
-            if name in active:
+            if name in s.active:
                 owed += share * dt
                 demand += dt
         return entitled, owed, demand
 
-    def _add(self, active: frozenset[str], shares: dict[str, float], dt: int) -> None:
-        instances = self.instances
-        for name, share in shares.items():
-            inst = instances.get(name)
-            if inst is None or not share:
-                continue
-            inst.entitled_ns += share * dt
-            if name in active:
-                inst.owed_ns += share * dt
-        for name in active:
-            inst = instances.get(name)
-            if inst is not None:
-                inst.demand_ns += dt
+    def kept(self) -> int:
+        """How many sets are kept apart (bounded by :data:`SETS_KEPT`)."""
+        return len(self._sets)
+
+    def _set(self, active: frozenset[str]) -> DemandSet:
+        s = self._sets.get(active)
+        if s is None:
+            s = self._sets[active] = DemandSet(active, self.shares_of(active))
+        return s

@@ -35,7 +35,6 @@ from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
 from arbiterd.core.policies import NATIVE, HighPriority, Policy, make_policy
 from arbiterd.core.settings import GPU, INSTANCE, GpuSettings, check_gpu_settings
 
-SHARES_REMEMBERED = 256  # sets of instances with demand whose entitled shares are kept
 OWN_HANDOVER_LEASES = 16  # an instance's expected hand-over is a running mean over about this many leases
 
 
@@ -49,10 +48,7 @@ class GpuScheduler(GpuState):
         self._client_inst: dict[int, InstanceState] = {}
         self.hp = HighPriority(self, now)
         self.policy: Policy = make_policy(settings.policy, self, now)
-        self.ent = Entitlement(self.instances, now)
-        self._shares_for: dict[frozenset[str], dict[str, float]] = {}  # entitled shares by who has demand
-        # (who has demand, who toggles) -> who has demand after, and their shares
-        self._toggled: dict[tuple[frozenset[str], str], tuple[frozenset[str], dict[str, float]]] = {}
+        self.ent = Entitlement(self.instances, self._shares, now)
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
@@ -124,29 +120,20 @@ class GpuScheduler(GpuState):
         return self.ent.pending(self._inst(name), now)
 
     def _reshare(self, now: int, active: frozenset[str] | None = None) -> None:
-        """Close the integrals under the shares in force and put the new ones in force.
+        """Put the shares in force for who has demand now.
 
-        With ``active`` only demand changed (these instances have it now), and the shares
-        for that set are remembered from before; without it a setting or the membership
-        changed, and nothing remembered holds (on the grant path, demand changes with
-        nearly every acquire and release, and the sets repeat).
+        With ``active`` only demand changed (these instances have it now), and the shares of every set
+        stay as they were; without it a setting or the membership changed: the integrals are closed
+        under the old shares, and every set's shares are asked again.
         """
-        if active is None:
-            self.ent.fold(now)
-            self._shares_for.clear()
-            self._toggled.clear()
-            active = frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
-        self.ent.switch(active, self._shares(active), now)
+        if active is not None:
+            self.ent.move(active, now)
+            return
+        self.ent.fold(now, frozenset(n for n, i in self.instances.items() if i.waiters or i.leases))
 
     def _shares(self, active: frozenset[str]) -> dict[str, float]:
-        """The entitled shares while ``active`` have demand, remembered until a setting or the membership changes."""
-        memo = self._shares_for
-        shares = memo.get(active)
-        if shares is None:
-            if len(memo) >= SHARES_REMEMBERED:
-                memo.clear()
-            shares = memo[active] = {n: s for n, s in self.entitled(active).items() if s}
-        return shares
+        """The entitled shares while ``active`` have demand (nonzero ones only)."""
+        return {n: s for n, s in self.entitled(active).items() if s}
 
     def _resharing(self, effects: list[Effect], now: int) -> list[Effect]:
         self._reshare(now)
@@ -154,20 +141,8 @@ class GpuScheduler(GpuState):
 
     def _touched(self, inst: InstanceState | None, now: int) -> None:
         """``inst`` may have gained or lost demand: reshare if it did."""
-        if inst is None:
-            return
-        active = self.ent.active
-        if (bool(inst.waiters) or inst.leases > 0) != (inst.name in active):
-            # the set after the toggle and its shares, remembered: the same sets come back on every acquire
-            # and release
-            key = (active, inst.name)
-            step = self._toggled.get(key)
-            if step is None:
-                if len(self._toggled) >= SHARES_REMEMBERED:
-                    self._toggled.clear()
-                after = active ^ {inst.name}
-                step = self._toggled[key] = (after, self._shares(after))
-            self.ent.switch(step[0], step[1], now)
+        if inst is not None and (bool(inst.waiters) or inst.leases > 0) != (inst.name in self.ent.current.active):
+            self.ent.toggle(inst.name, now)
 
     def has_demand(self, name: str) -> bool:
         """Whether ``name`` waits for or holds a lease."""
