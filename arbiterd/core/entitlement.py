@@ -17,8 +17,8 @@ changes. On the grant path demand changes with nearly every acquire and
 release, but between a few sets, each with the same shares every time. So each
 set is kept as a :class:`DemandSet`: its shares, the time it was in force, and
 the set each instance's toggle leads to. A change of demand adds the time since
-the last one to the set in force and follows one link (constant time, no
-hashing of sets); the sets' times are folded into the instances' integrals when
+the last one to the set in force and follows one link (constant time: no set
+is hashed once its link is made); the sets' times are folded into the instances' integrals when
 a setting or the membership is about to change the shares, or read whole when
 an instance's figures are asked for. Exact on the virtual clock: a set's time
 is an integer sum.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from arbiterd.core.model import InstanceState
 
@@ -44,6 +45,14 @@ class DemandSet:
     shares: dict[str, float]
     ns: int = 0
     after: dict[str, DemandSet] = field(default_factory=dict)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DemandSet:
+        """A copy without its links, which only remember what a toggle leads to: copied, they would take the copy
+        (the daemon copies the whole core to try an admin write) through the graph one frame per set, past
+        Python's recursion limit once a GPU has seen a hundred sets."""
+        new = DemandSet(self.active, dict(self.shares), self.ns)
+        memo[id(self)] = new
+        return new
 
 
 class Entitlement:
@@ -71,12 +80,12 @@ class Entitlement:
         cur = self.current
         nxt = cur.after.get(name)
         if nxt is None:
-            if len(self._sets) >= SETS_KEPT:
+            after = cur.active ^ {name}
+            if after not in self._sets and len(self._sets) >= SETS_KEPT:
                 self.fold(now)
                 cur = self.current
-            nxt = cur.after[name] = self._set(cur.active ^ {name})
-        cur.ns += now - self.at
-        self.at = now
+            nxt = cur.after[name] = self._set(after)
+        self._advance(now)
         self.current = nxt
 
     def move(self, active: frozenset[str], now: int) -> None:
@@ -86,16 +95,21 @@ class Entitlement:
         if active not in self._sets and len(self._sets) >= SETS_KEPT:
             self.fold(now)
         nxt = self._set(active)
-        self.current.ns += now - self.at
-        self.at = now
+        self._advance(now)
         self.current = nxt
+
+    def _advance(self, now: int) -> None:
+        """Add the time since the last change to the set in force (a clock that went back adds nothing)."""
+        dt = now - self.at
+        if dt > 0:
+            self.current.ns += dt
+            self.at = now
 
     def fold(self, now: int, active: frozenset[str] | None = None) -> None:
         """Advance every instance's integrals to ``now`` and forget the sets: before a setting or the membership
         changes a share (the shares are asked again), or when too many sets are kept. ``active``: who has demand
         from ``now`` (by default the same instances)."""
-        self.current.ns += now - self.at
-        self.at = now
+        self._advance(now)
         instances = self.instances
         for s in self._sets.values():
             if not s.ns:
