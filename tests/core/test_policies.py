@@ -375,6 +375,18 @@ def test_a_lone_high_priority_instance_renews_no_more_often_than_a_normal_one(po
     assert sched.acquire("N", 2, 12 * NS_PER_MS) == [Grant(1, 0, g.lease, 15 * NS_PER_MS, 0)]  # cut to its turn
 
 
+def test_high_priority_leftover_time_is_not_extended_while_another_high_priority_instance_waits() -> None:
+    """On leftover time two high-priority instances take turns of a slice, as two normal ones would: the holder's
+    lease is extended only while nobody at all waits."""
+    sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5, prio_ratio=20))
+    for name, hp in (("H1", True), ("H2", True), ("N", False)):
+        sched.add_instance(name, 1, hp, 0)
+    (g,) = sched.acquire("H1", 1, 0)  # its credit-paid turn
+    sched.acquire("H2", 2, NS_PER_MS)
+    (g2,) = sched.release(1, g.lease, 10 * NS_PER_MS, again=True)[0]  # out of credit: leftover time, to H2
+    assert g2.client == 2 and g2.deadline_ns == 15 * NS_PER_MS
+
+
 def test_a_stall_costs_at_most_twenty_slices_of_skipped_turns() -> None:
     """A holder that answers 3 s late is charged for it, but repays at most 20 slices by skipping."""
     sched = GpuScheduler(0, GpuSettings(policy=1, slice_ms=5, overrun_ms=10_000))

@@ -66,8 +66,10 @@ class VirtualTime(Policy):
         return inst.weight * self.gpu.slice_ns
 
     def contended(self, inst: InstanceState) -> bool:
-        """Whether another instance wants the GPU that ``inst`` holds."""
-        return any(i.waiters for i in self.gpu.normal_members() if i is not inst)
+        """Whether another instance wants the GPU that ``inst`` holds: a normal one (a high-priority one with
+        credit preempts by itself), or any at all where ``inst`` is high priority, on leftover time."""
+        others = self.gpu.instances.values() if inst.highprio else self.gpu.normal_members()
+        return any(i.waiters for i in others if i is not inst and i.weight > 0)
 
     def pay_debt(self, inst: InstanceState, full: int) -> int:
         """Length of the lease ``inst`` gets for a turn of ``full`` ns after paying its debt.
