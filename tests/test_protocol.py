@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from libcgpu_client import protocol as p
@@ -112,15 +112,21 @@ _VALUES = st.one_of(st.integers(-(2**64), 2**65), st.booleans(), st.none(), st.t
 
 @given(st.sampled_from(["acquire", "release"]),
        st.dictionaries(st.sampled_from(["gpu", "lease", "used_ns", "again", "id", "warmup_ns", "bytes", "x"]),
-                       _VALUES, max_size=7))
-def test_the_grant_path_s_quick_forms_agree_with_the_field_table(op: str, fields: dict[str, Any]) -> None:
+                       _VALUES, max_size=7),
+       st.sampled_from([p.C2S, p.S2C, None, "sideways"]))
+@example("acquire", {"gpu": 0}, "sideways")
+@example("release", {"gpu": 0, "lease": 1, "used_ns": 2, "again": True, "id": 3, "warmup_ns": -4}, p.S2C)
+@example("release", {"gpu": 0, "lease": 1, "used_ns": 2, "id": None}, p.C2S)
+@example("acquire", {"gpu": 0, "id": 1}, None)
+def test_the_grant_path_s_quick_forms_agree_with_the_field_table(op: str, fields: dict[str, Any],
+                                                                 direction: str | None) -> None:
     """decode tries acquire and release in the shape clients send them before the general validator: for any
     frame the two give the same message, or the same error."""
     raw = {"op": op, **fields}
 
     def outcome(fn: Any) -> Any:
         try:
-            return fn(raw, p.C2S)
+            return fn(raw, direction)
         except p.ProtocolError as exc:
             return exc.code, exc.message
 

@@ -17,8 +17,9 @@ T = TypeVar("T")
 
 @typing.dataclass_transform(frozen_default=True)
 def value(cls: type[T]) -> type[T]:
-    """``cls`` as a slotted dataclass, frozen to the type checker (see the module's docstring)."""
-    return dataclass(slots=True)(cls)
+    """``cls`` as a slotted dataclass, frozen to the type checker (see the module's docstring), and hashable by
+    its fields as the type checker takes a frozen one to be."""
+    return dataclass(slots=True, unsafe_hash=True)(cls)
 
 
 NS_PER_MS = 1_000_000

@@ -132,7 +132,7 @@ def decode(raw: Any, direction: str | None = None) -> Message:
 
     The two messages of the grant path are first tried in the shape clients send them, checked field
     by field (:data:`_AS_SENT`); anything else, and every error, goes through :func:`validate`."""
-    if type(raw) is dict and direction != S2C:
+    if type(raw) is dict and (direction == C2S or direction is None):
         op = raw.get("op")
         quick = _AS_SENT.get(op) if type(op) is str else None
         if quick is not None and (msg := quick(raw)) is not None:
