@@ -68,10 +68,6 @@ class Entitlement:
         self.current = self._set(frozenset())
 
     @property
-    def active(self) -> frozenset[str]:
-        return self.current.active
-
-    @property
     def shares(self) -> dict[str, float]:
         return self.current.shares
 

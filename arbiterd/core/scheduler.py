@@ -119,17 +119,14 @@ class GpuScheduler(GpuState):
         """``name``'s (entitled, owed, demand) ns so far (see entitlement.py)."""
         return self.ent.pending(self._inst(name), now)
 
-    def _reshare(self, now: int, active: frozenset[str] | None = None) -> None:
-        """Put the shares in force for who has demand now.
+    def _reshare(self, now: int) -> None:
+        """A setting or the membership changed: close the integrals under the old shares, and put in force the
+        new shares of whoever has demand now (every set's shares are asked again)."""
+        self.ent.fold(now, self._with_demand())
 
-        With ``active`` only demand changed (these instances have it now), and the shares of every set
-        stay as they were; without it a setting or the membership changed: the integrals are closed
-        under the old shares, and every set's shares are asked again.
-        """
-        if active is not None:
-            self.ent.move(active, now)
-            return
-        self.ent.fold(now, frozenset(n for n, i in self.instances.items() if i.waiters or i.leases))
+    def _with_demand(self) -> frozenset[str]:
+        """The instances that wait for or hold a lease now."""
+        return frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
 
     def _shares(self, active: frozenset[str]) -> dict[str, float]:
         """The entitled shares while ``active`` have demand (nonzero ones only)."""
@@ -396,9 +393,7 @@ class GpuScheduler(GpuState):
                 self.stats.revoked["overrun"] += 1
                 self._end_lease(lease, now)
         effects += self._schedule(now)
-        active = frozenset(n for n, i in self.instances.items() if i.waiters or i.leases)
-        if active != self.ent.active:
-            self._reshare(now, active)
+        self.ent.move(self._with_demand(), now)  # several instances may have lost demand at once
         return effects
 
     def next_wakeup(self) -> int | None:
