@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from arbiterd.core.allocations import AllocationBook
 from arbiterd.core.effects import NS_PER_S, Effect
@@ -321,26 +322,37 @@ class Arbiter:
     def _instance_on(self, cid: int, gpu: int) -> str:
         """The instance client ``cid`` registered on ``gpu`` (the grant path needs no more than its name)."""
         info = self.clients.get(cid)
+        if info is None or info.instance is None or gpu not in info.gpus:
+            self._refuse(cid, gpu)
+        return info.instance
+
+    def _refuse(self, cid: int, gpu: int) -> NoReturn:
+        """Why client ``cid`` may not use ``gpu``."""
+        info = self.clients.get(cid)
         if info is None:
             raise NotFoundError(f"unknown client {cid}")
         if info.instance is None:
             raise IdentityError("register first")
-        if gpu not in info.gpus:
-            raise IdentityError(f"client is not registered on GPU {gpu}")
-        return info.instance
+        raise IdentityError(f"client is not registered on GPU {gpu}")
 
     def _registered(self, cid: int, gpu: int) -> InstanceRecord:
         return self.record(gpu, self._instance_on(cid, gpu))
 
+    # acquire and release test the registration inline, as _instance_on does: they are the grant path
     def acquire(self, cid: int, gpu: int, now: int) -> list[Effect]:
-        return self.scheds[gpu].acquire(self._instance_on(cid, gpu), cid, now)
+        info = self.clients.get(cid)
+        if info is None or info.instance is None or gpu not in info.gpus:
+            self._refuse(cid, gpu)
+        return self.scheds[gpu].acquire(info.instance, cid, now)
 
     def release(
         self, cid: int, gpu: int, lease: int, now: int, again: bool = False, used_ns: int | None = None,
         warmup_ns: int | None = None,
     ) -> tuple[list[Effect], bool]:
-        self._instance_on(cid, gpu)
-        return self.scheds[gpu].release(cid, lease, now, again=again, used_ns=used_ns, warmup_ns=warmup_ns)
+        info = self.clients.get(cid)
+        if info is None or info.instance is None or gpu not in info.gpus:
+            self._refuse(cid, gpu)
+        return self.scheds[gpu].release(cid, lease, now, again, used_ns, warmup_ns)
 
     def mem_reserve(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
         rec = self._registered(cid, gpu)

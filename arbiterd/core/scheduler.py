@@ -234,7 +234,7 @@ class GpuScheduler(GpuState):
         self.hp.accrue(now)
         old = self.policy
         self.settings.policy = policy
-        old.retired = True
+        old.retire()
         self.policy = make_policy(policy, self, now)
         self.policy.changed(now)
         # fairness restarts under the new policy: what was owed under the old one is void
@@ -318,23 +318,31 @@ class GpuScheduler(GpuState):
         """``client`` of instance ``name`` wants to run GPU work."""
         inst = self._inst(name)
         owner = self._client_inst.get(client)
-        if owner is not None and owner is not inst:
-            raise ConflictError(f"client {client} belongs to instance {owner.name}, not {name}")
-        self._client_inst[client] = inst
+        if owner is not inst:
+            if owner is not None:
+                raise ConflictError(f"client {client} belongs to instance {owner.name}, not {name}")
+            self._client_inst[client] = inst
         if inst.highprio:  # its credit up to now, banked as while it did not wait
             self.hp.accrue(now)
         effects: list[Effect] = []
-        for held in self._leases_of(client):
-            if held.revoked_ns is None and now < held.deadline_ns:
-                return [Grant(client, self.index, held.id, held.deadline_ns, 0)]
-            self._drop_holder(held, client, now)
+        if self.native or self.lease is not None:  # it may hold one already
+            for held in self._leases_of(client):
+                if held.revoked_ns is None and now < held.deadline_ns:
+                    return [Grant(client, self.index, held.id, held.deadline_ns, 0)]
+                self._drop_holder(held, client, now)
+        policy = self.policy
         lease = self.lease
-        if (not self.policy.concurrent and lease is not None and lease.inst is inst
+        if (not policy.concurrent and lease is not None and lease.inst is inst
                 and lease.revoked_ns is None and now < lease.deadline_ns):
             lease.clients.add(client)
             return [*effects, Grant(client, self.index, lease.id, lease.deadline_ns, 0)]
         if not inst.waiters and not inst.leases:
-            self.policy.demand(inst, now)
+            policy.demand(inst, now)
+        if policy.concurrent and inst.weight and not inst.waiters:  # granted on arrival, with no queue
+            effects.append(policy.grant(inst, client, now, now))
+            if inst.name not in self.ent.current.active:  # its first lease: it gained demand
+                self.ent.toggle(inst.name, now)
+            return effects
         inst.waiters.setdefault(client, now)
         effects += self._schedule(now, arrived=inst)
         self._touched(inst, now)
@@ -352,6 +360,16 @@ class GpuScheduler(GpuState):
         release sent; the difference is the transit both ways) and ``warmup_ns``
         what it lost at the start (accounting.py).
         """
+        own = self.native.get(client)
+        if own is not None and own.id == lease_id and not again:
+            # a native lease (policy 5's grant path), the client's alone: it hands nothing over (billed what it
+            # held, not measured), and frees nothing anyone waits for while the native policy is in force
+            self._end_lease(own, now)
+            effects = [] if self.policy.concurrent else self._schedule(now)
+            mine = own.inst
+            if not mine.leases and not mine.waiters and mine.name in self.ent.current.active:  # it lost demand
+                self.ent.toggle(mine.name, now)
+            return effects, True
         current = False
         inst = self._client_inst.get(client)
         if again and inst is not None:  # queued first, so the renewing instance still counts as having demand
@@ -405,9 +423,10 @@ class GpuScheduler(GpuState):
                 end = min(n.deadline_ns if n.revoked_ns is None else n.revoked_ns for n in self.native.values())
             else:
                 end = next(iter(self.native.values())).deadline_ns
+            end += self.settings.overrun_ms * NS_PER_MS  # every native lease has the same overrun allowance
             if self.lease is None:  # native leases only (policy 5's grant path): nothing else can be due
-                return end + self.overrun_ns
-            times.append(end + self.overrun_ns)  # every native lease has the same overrun allowance
+                return end
+            times.append(end)
         lease = self.lease
         if lease is not None:
             times.append(self._cutoff(lease))
@@ -479,10 +498,13 @@ class GpuScheduler(GpuState):
             self._end_lease(lease, now)
 
     def _end_lease(self, lease: Lease, now: int) -> None:
-        if self.hp.members:  # with none, the credit only fills to its cap: accrued in one step when one comes
-            self.hp.accrue(now)
+        """End ``lease`` at ``now``: its instance's books, the GPU's busy time, and the bill of the class that
+        granted it (none for a native lease while the native policy is in force: no turns to be fair about)."""
+        client = lease.native_client
+        if client is None and self.hp.members:  # (a native lease's end changes nothing high priority's credit reads)
+            self.hp.accrue(now)  # with no members, the credit only fills to its cap: accrued in one step later
         held = now - lease.granted_ns
-        billed = max(0, held - lease.discount_ns)  # its useful time: what it held less its hand-over
+        billed = held - lease.discount_ns if held > lease.discount_ns else 0  # its useful time: held less hand-over
         inst = lease.inst
         self.last_ended = (inst, now)
         inst.held_ns += held
@@ -490,21 +512,24 @@ class GpuScheduler(GpuState):
         inst.leases -= 1
         if now > lease.deadline_ns:
             self.stats.late_releases += 1
-        if lease is self.lease:
-            self.lease = None
-        elif lease.native_client is not None and self.native.get(lease.native_client) is lease:
-            del self.native[lease.native_client]
+        lease.clients.clear()
+        if client is None:
+            if lease is self.lease:
+                self.lease = None
+        elif self.native.get(client) is lease:
+            del self.native[client]
             if lease.revoked_ns is not None:
                 self.native_revoked -= 1
-        lease.clients.clear()
+        if self.busy_since is not None and self.lease is None and not self.native:
+            self.stats.busy_ns += now - self.busy_since
+            self.busy_since = None
         owner = lease.owner if lease.owner is not None else self.policy
+        if not owner.bills:
+            return
         overrun = max(0, lease.granted_ns + billed - (lease.deadline_ns - lease.extension_ns))
         charged = owner.charge(lease, Bill(held, billed, overrun, now))
         if charged:
             self.charge_vtime(inst, charged, self.policy.vtime_weight(inst))
-        if self.lease is None and not self.native and self.busy_since is not None:
-            self.stats.busy_ns += now - self.busy_since
-            self.busy_since = None
         self.policy.after_charge(inst)
 
     def _schedule(self, now: int, arrived: InstanceState | None = None) -> list[Effect]:

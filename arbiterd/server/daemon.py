@@ -151,7 +151,7 @@ class Daemon:
                 log.info("client %d (pid %d): no hello within %.1f s; closing", peer.cid, peer.pid,
                          cfg.handshake_timeout_s)
                 peer.fail("bad_request", "handshake timed out")
-            elif peer.pending_partial() and now - peer.last_message_at > cfg.frame_timeout_s:
+            elif peer.pending_partial() and time.monotonic_ns() - peer.arrived_ns > cfg.frame_timeout_s * 1e9:
                 log.info("client %d (pid %d): partial frame for %.1f s; closing", peer.cid, peer.pid,
                          cfg.frame_timeout_s)
                 peer.fail("bad_frame", "frame timed out")

@@ -104,6 +104,13 @@ class Hub:
                                 eff.gpu, peer.cid, peer.pid, eff.lease)
         self._arm_timer(gpu)
 
+    def released(self, effects: list[Effect], gpu: int) -> None:
+        """:meth:`apply`, after a release on ``gpu``. Under a concurrent policy (native) a release that granted
+        nothing only ended a lease (base.Policy.concurrent): no deadline came earlier, so the timer is not looked
+        at (the grant path's release: 0.3 us of a pair's 14 in bench.hotpath)."""
+        if effects or not self.arbiter.scheds[gpu].policy.concurrent:
+            self.apply(effects, gpu)
+
     def _arm_timer(self, gpu: int | None) -> None:
         """Keep the timer armed at or before the core's next wakeup (an early tick only arms the next).
 

@@ -10,6 +10,7 @@ from libcgpu_client.protocol.codec import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     Decoder,
+    Encoder,
     ProtocolError,
 )
 from libcgpu_client.protocol.messages import (
@@ -41,7 +42,7 @@ from libcgpu_client.protocol.messages import (
 
 __all__ = [
     "C2S", "ERROR_CODES", "MAX_MESSAGE", "MESSAGES", "PROTOCOL_VERSION", "REVOKE_REASONS", "S2C",
-    "SUPPORTED_VERSIONS", "Acquire", "Bye", "Decoder", "Denied", "Error", "Grant", "Hello", "MemFree",
+    "SUPPORTED_VERSIONS", "Acquire", "Bye", "Decoder", "Denied", "Encoder", "Error", "Grant", "Hello", "MemFree",
     "MemQuery", "MemReserve", "Message", "Ok", "ProtocolError", "Register", "Registered", "Release", "Revoke",
     "Stats", "StatsReply", "Welcome", "decode", "request_id",
 ]

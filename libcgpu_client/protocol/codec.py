@@ -37,20 +37,30 @@ class ProtocolError(Exception):
         self.message = message
 
 
-class _Packers(threading.local):
-    """One Packer per thread (``msgpack.packb`` builds a new one per call, a third of a grant's cost)."""
+class Encoder:
+    """Frames outgoing messages: msgpack's ``Packer``, reused (``msgpack.packb`` builds a new one per call, a third
+    of a grant's cost). Not thread-safe: one per connection, or per thread."""
 
     def __init__(self) -> None:
-        self.packer = msgpack.Packer(use_bin_type=True)
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def frame(self, fields: dict[str, Any]) -> bytes:
+        """One frame (the caller built ``fields`` from a message: no checks here)."""
+        data: bytes = self._pack(fields)
+        return data
 
 
-_packers = _Packers()
+class _Encoders(threading.local):
+    def __init__(self) -> None:
+        self.encoder = Encoder()
+
+
+_encoders = _Encoders()
 
 
 def pack(fields: dict[str, Any]) -> bytes:
-    """One frame (the caller built ``fields`` from a message: no checks here)."""
-    data: bytes = _packers.packer.pack(fields)
-    return data
+    """One frame, with this thread's encoder."""
+    return _encoders.encoder.frame(fields)
 
 
 class Decoder:
@@ -71,45 +81,46 @@ class Decoder:
         self._fed = 0  # bytes fed in all
         self._whole = 0  # where the last whole frame ended, in the same count
 
-    def feed(self, data: bytes) -> Iterable[Any]:
+    def feed(self, data: bytes | memoryview) -> Iterable[Any]:
         """Feed ``data``; iterate every complete frame in it, decoded but not yet validated.
 
-        A frame that cannot be decoded raises ProtocolError, after the good frames before it.
-        """
-        if len(data) <= self.max_message:  # the usual case, on the grant path: one read, no chunking
-            return self._decode(data)
-        return self._feed_chunks(data)
-
-    def _feed_chunks(self, data: bytes) -> Iterator[Any]:
-        view = memoryview(data)
-        step = self.max_message
-        for start in range(0, len(view), step):
-            yield from self._decode(view[start:start + step])
-
-    def _decode(self, chunk: bytes | memoryview) -> Iterable[Any]:
-        """The frames ``chunk`` completes: a list when all decode (no generator on the hot path), else
-        those before the bad one, then the ProtocolError."""
+        A frame that cannot be decoded raises ProtocolError, after the good frames before it. The usual read
+        (the grant path: one whole frame) is decoded here and comes back as a list, with no generator; a read
+        longer than a frame may be is fed in pieces of that size, so the buffer's bound stays in force."""
+        size = len(data)
+        if size > self.max_message:
+            return self._feed_chunks(data)
         unpacker = self._unpacker
-        self._fed += len(chunk)
+        self._fed += size
         try:
-            unpacker.feed(chunk)
+            unpacker.feed(data)
         except msgpack.BufferFull:
             raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
         frames: list[Any] = []
+        fed = self._fed
+        whole = self._whole  # where the last whole frame ended (the unpacker's own position may be inside the next)
         try:
             # one unpack() per frame while bytes are left, rather than iterating: an iterator ends by
             # raising at the end of the data, and on the grant path (one whole frame per read) that
             # exception cost more than decoding the frame
-            while unpacker.tell() < self._fed:
+            while whole < fed:
                 frames.append(unpacker.unpack())
-                self._whole = unpacker.tell()
+                whole = unpacker.tell()
         except msgpack.OutOfData:  # a frame still arriving: the unpacker keeps what it has of it
             pass
         except _UNDECODABLE as exc:
+            self._whole = whole
             return itertools.chain(frames, self._fail(exc))
-        if self.pending_bytes > self.max_message:
+        self._whole = whole
+        if fed - whole > self.max_message:
             return itertools.chain(frames, self._fail(None))
         return frames
+
+    def _feed_chunks(self, data: bytes | memoryview) -> Iterator[Any]:
+        view = memoryview(data)
+        step = self.max_message
+        for start in range(0, len(view), step):
+            yield from self.feed(view[start:start + step])
 
     def _fail(self, exc: Exception | None) -> Iterator[Any]:
         """Raise the ProtocolError for ``exc`` (None: a frame still arriving is already too large)."""

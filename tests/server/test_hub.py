@@ -89,3 +89,66 @@ def test_the_timer_stays_at_or_before_every_gpus_next_wakeup_and_moves_only_earl
         hub.stop_timer()
 
     asyncio.run(go())
+
+
+def _client(hub: Hub, name: str, gpu: int, now: int) -> Peer:
+    peer = Peer(0)
+    peer.cid = hub.attach(peer)
+    hub.arbiter.connect(peer.cid, peer.pid, 0)
+    hub.arbiter.register(peer.cid, name, [gpu], {}, now)
+    return peer
+
+
+def test_a_release_on_the_native_policy_leaves_the_timer_and_it_stays_in_time(hub: Hub) -> None:
+    """Under policy 5 a release that grants nothing only ends a lease, so the hub does not ask the scheduler
+    again: the armed timer stays, and is still at or before the next cutoff (the first lease's)."""
+
+    async def go() -> None:
+        now = time.monotonic_ns()
+        arb = hub.arbiter
+        hub.admin_write("0/policy", "5")
+        arb.provision("x", [0], InstanceSettings(), now)
+        peers = [_client(hub, "x", 0, now) for _ in range(3)]
+        grants = []
+        for k, peer in enumerate(peers):
+            (g,) = arb.acquire(peer.cid, 0, now + k)
+            hub.apply([g], 0)
+            grants.append(g)
+        armed = hub._timer_at
+        assert armed == arb.scheds[0].next_wakeup()  # the first lease's cutoff
+        for k, (peer, g) in enumerate(zip(peers, grants, strict=True)):
+            effects, _ = arb.release(peer.cid, 0, g.lease, now + 10 + k)
+            hub.released(effects, 0)
+            due = arb.scheds[0].next_wakeup()
+            assert hub._timer_at == armed and (due is None or armed <= due)
+        assert arb.scheds[0].next_wakeup() is None
+        hub.stop_timer()
+
+    asyncio.run(go())
+
+
+def test_a_release_on_a_ring_policy_that_grants_nothing_still_moves_the_timer(hub: Hub) -> None:
+    """On policy 2 a release can leave the GPU idle until the end of the holder's turn, before the cutoff
+    the timer was armed at: there the scheduler is asked again, and the timer comes forward."""
+
+    async def go() -> None:
+        now = time.monotonic_ns()
+        arb = hub.arbiter
+        hub.admin_write("1/policy", "2")
+        arb.provision("a", [1], InstanceSettings(), now)
+        arb.provision("b", [1], InstanceSettings(), now)
+        a, b = _client(hub, "a", 1, now), _client(hub, "b", 1, now)
+        effects = arb.acquire(a.cid, 1, now)
+        hub.apply(effects, 1)
+        (g,) = [e for e in effects if e.client == a.cid]
+        hub.apply(arb.acquire(b.cid, 1, now + 1), 1)
+        armed = hub._timer_at
+        assert armed is not None
+        effects, _ = arb.release(a.cid, 1, g.lease, now + 2)
+        due = arb.scheds[1].next_wakeup()
+        assert effects == [] and due is not None and due < armed  # the case: nothing granted, the wakeup earlier...
+        hub.released(effects, 1)
+        assert hub._timer_at == due  # ...and the timer followed it
+        hub.stop_timer()
+
+    asyncio.run(go())

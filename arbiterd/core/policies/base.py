@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import ClassVar
 
-from arbiterd.core.effects import Effect
+from arbiterd.core.effects import Effect, Grant
 from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
 
 
@@ -21,12 +21,20 @@ class Policy:
 
     number: ClassVar[int]
     name: ClassVar[str]
-    concurrent: ClassVar[bool] = False  # every client gets a lease of its own, at once (native)
+    # every client gets a lease of its own, at once (native): so a release that grants nothing brings no
+    # deadline earlier (the daemon's timer relies on it)
+    concurrent: ClassVar[bool] = False
     conserving: ClassVar[bool] = False  # time nobody with demand wants goes to whoever wants it
+    bills: bool = True  # its leases are billed when they end (native, in force, has no turns to bill)
 
     def __init__(self, gpu: GpuState, now: int) -> None:
         self.gpu = gpu
         self.retired = False  # the GPU switched to another policy; leases it granted may still end
+
+    def retire(self) -> None:
+        """The GPU switched to another policy: leases this one granted may still end, and are billed."""
+        self.retired = True
+        self.bills = True
 
     # membership -------------------------------------------------------------
     def changed(self, now: int) -> None:
@@ -54,6 +62,10 @@ class Policy:
     def pick_for(self, inst: InstanceState, now: int) -> list[Effect]:
         """:meth:`pick`, after only ``inst`` gained a waiter (a concurrent policy looks at ``inst`` alone)."""
         return self.pick(now)
+
+    def grant(self, inst: InstanceState, client: int, since: int, now: int) -> Grant:
+        """A concurrent policy's lease for ``client`` of ``inst`` (weight above 0), waiting since ``since``, at once."""
+        raise NotImplementedError
 
     def wakeup(self) -> int | None:
         """When this policy next wants :meth:`pick` called while clients wait, if ever."""

@@ -24,6 +24,8 @@ WINDOW_NS = NS_PER_S  # the window prio_ratio is kept over: no high-priority tur
 
 
 class HighPriority:
+    bills = True  # its leases spend credit when they end
+
     def __init__(self, gpu: GpuState, now: int) -> None:
         self.gpu = gpu
         self.credit = self.cap()
