@@ -500,9 +500,9 @@ class GpuScheduler(GpuState):
     def _end_lease(self, lease: Lease, now: int) -> None:
         """End ``lease`` at ``now``: its instance's books, the GPU's busy time, and the bill of the class that
         granted it (none for a native lease while the native policy is in force: no turns to be fair about)."""
+        if self.hp.members:  # with none, the credit only fills to its cap: accrued in one step when one comes
+            self.hp.accrue(now)  # (a native lease's too: the cap in force now bounds the credit banked until now)
         client = lease.native_client
-        if client is None and self.hp.members:  # (a native lease's end changes nothing high priority's credit reads)
-            self.hp.accrue(now)  # with no members, the credit only fills to its cap: accrued in one step later
         held = now - lease.granted_ns
         billed = held - lease.discount_ns if held > lease.discount_ns else 0  # its useful time: held less hand-over
         inst = lease.inst

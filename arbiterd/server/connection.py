@@ -157,7 +157,7 @@ class ClientConnection(asyncio.Protocol):
             notes.append(f"GPU {','.join(map(str, bound.gpus))} from allocation {', '.join(bound.allocations)} "
                          f"(asked for GPU {','.join(map(str, gpus))})")
             gpus = bound.gpus
-        reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, self.arrived_ns)
+        reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns())
         for w in reg.warnings:
             log.warning("client %d (pid %d): %s", self.cid, self.pid, w)
         self.send(p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus],

@@ -486,6 +486,23 @@ def test_a_native_lease_hands_nothing_over_and_is_billed_what_it_held() -> None:
     assert sched.instances["B"].useful_ns == sched.instances["B"].held_ns == 5_999_000
 
 
+def test_high_priority_credit_banked_under_a_native_lease_is_capped_when_the_lease_ends() -> None:
+    """The end of every lease accrues high-priority credit, a native one's too: the cap in force until then
+    bounds what was banked, so a longer slice set later does not bank the whole stretch under the new cap
+    (here it would have let H preempt at once on the switch to policy 2)."""
+    ms = NS_PER_MS
+    sched = GpuScheduler(0, GpuSettings(policy=5, slice_ms=10), 0)
+    ratio = sched.settings.prio_ratio
+    sched.add_instance("H", 1, True, 0)
+    sched.add_instance("N", 1, False, 0)
+    (g,) = sched.acquire("N", 1, 0)
+    sched.release(1, g.lease, 500 * ms)
+    sched.set_slice_ms(50, 500 * ms + 1)
+    sched.set_policy(2, 500 * ms + 2)
+    assert sched.hp.credit == (100 - ratio) * 2 * 10 * ms + ratio * 2  # the 10 ms cap, then 2 ns more
+    assert sched.acquire("H", 7, 500 * ms + 3) == []
+
+
 def test_a_renewal_is_billed_its_loss_but_does_not_size_the_slice() -> None:
     """The same instance again at once (alone, renewing) changed no hands: its small loss is not billed, but
     it neither feeds the meter that sizes ``slice_ms = auto`` nor shortens the instance's turns, so a tenant
