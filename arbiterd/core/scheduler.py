@@ -423,7 +423,7 @@ class GpuScheduler(GpuState):
                 end = min(n.deadline_ns if n.revoked_ns is None else n.revoked_ns for n in self.native.values())
             else:
                 end = next(iter(self.native.values())).deadline_ns
-            end += self.settings.overrun_ms * NS_PER_MS  # every native lease has the same overrun allowance
+            end += self.overrun_ns  # every native lease has the same overrun allowance
             if self.lease is None:  # native leases only (policy 5's grant path): nothing else can be due
                 return end
             times.append(end)

@@ -236,18 +236,15 @@ def _acquire_as_sent(raw: dict[str, Any]) -> Acquire | None:
 
 def _release_as_sent(raw: dict[str, Any]) -> Release | None:
     """A release whose fields are all known and well typed, as a Release; None for any other shape."""
-    if len(raw) == 4:  # the usual one: {op, gpu, lease, used_ns} (any other key would leave one of these out)
-        gpu, lease, used = raw.get("gpu"), raw.get("lease"), raw.get("used_ns")
-        if (type(gpu) is int and type(lease) is int and type(used) is int and INT_MIN <= gpu < INT_END
-                and INT_MIN <= lease < INT_END and INT_MIN <= used < INT_END):
-            return Release(gpu, lease, used)
+    gpu, lease, used = raw.get("gpu"), raw.get("lease"), raw.get("used_ns")
+    if not (type(gpu) is int and type(lease) is int and type(used) is int and INT_MIN <= gpu < INT_END
+            and INT_MIN <= lease < INT_END and INT_MIN <= used < INT_END):
         return None
-    gpu, lease, used, again = raw.get("gpu"), raw.get("lease"), raw.get("used_ns"), raw.get("again", False)
-    rid, warmup = raw.get("id"), raw.get("warmup_ns")
+    if len(raw) == 4:  # the usual shape, {op, gpu, lease, used_ns}: no other key is left to read
+        return Release(gpu, lease, used)
+    again, rid, warmup = raw.get("again", False), raw.get("id"), raw.get("warmup_ns")
     # the length test leaves no room for a key not read above (and an explicit nil id or warmup is one)
-    if (type(gpu) is int and type(lease) is int and type(used) is int and type(again) is bool
-            and INT_MIN <= gpu < INT_END and INT_MIN <= lease < INT_END and INT_MIN <= used < INT_END
-            and (rid is None or _is_int(rid)) and (warmup is None or _is_int(warmup))
+    if (type(again) is bool and (rid is None or _is_int(rid)) and (warmup is None or _is_int(warmup))
             and len(raw) == 4 + ("again" in raw) + (rid is not None) + (warmup is not None)):
         return Release(gpu, lease, used, again, rid, warmup)
     return None
