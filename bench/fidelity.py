@@ -203,8 +203,9 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
         shares.setdefault(t.name, 0.0)
     out: dict[str, Any] = {
         "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
-        "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"], "cycles": cycles,
-        "repeated": repeated,
+        "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"],
+        "handover_transit_ms": gpu["handover_transit_ms"], "handover_warmup_ms": gpu["handover_warmup_ms"],
+        "cycles": cycles, "repeated": repeated,
         "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
                      "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
                      "error_pp": round(shares[t.name] - t.target, 2),
@@ -240,7 +241,8 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
             agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
             again = str(r["repeated"]) if t is r["tenants"][0] else ""
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
-                         f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f} | {t['name']}"
+                         f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f}: {r['handover_transit_ms']:.2f} + "
+                         f"{r['handover_warmup_ms']:.2f} | {t['name']}"
                          f" (w{t['weight']}){' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
                          f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} | "
                          f"{t['daemon_entitled_pct']:.1f} | {t['daemon_delivered_pct']:.1f} | "
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 excl = " ".join(f"{t['name']}:{'/'.join(f'{x:.0f}' for x in t['cycles_pct'])}"
                                 for t in r["tenants"] if t["busy"])
                 print(f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
-                      f"{r['handover_ms']:.2f} ms: {shares} sum {r['aggregate_pct']:.1f}"
+                      f"{r['handover_ms']:.2f} ms ({r['handover_transit_ms']:.2f} transit + "
+                      f"{r['handover_warmup_ms']:.2f} warm-up): {shares} sum {r['aggregate_pct']:.1f}"
                       + (f" ratio {r['ratio']:.3f}" if "ratio" in r else "") + f" (by cycle {excl}"
                       + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
@@ -324,12 +327,15 @@ def main(argv: list[str] | None = None) -> int:
                 + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row; a run around which a "
                 f"tenant's rate alone moved by more than {args.drift:g} % was run again (the row's `again` column). "
                 + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
-                "in the same run; window: whole rounds after a warm-up. The last three columns are the daemon's "
+                "in the same run; window: whole rounds after a warm-up. The slice and the hand-over are the "
+                "daemon's at the row's end (status: `slice_effective_ms`, `handover_ms`, and the last hand-overs' "
+                "mean transit and warm-up, unclamped). The last three columns are the daemon's "
                 "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err; in a "
                 "1:2 row, where the processes swap weights, by the weight each had): "
                 "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
                 "tenant had demand), in points.", "",
-                "| tenants | row | policy | settings | slice in force / hand-over (ms) | tenant | target % | "
+                "| tenants | row | policy | settings | slice in force / hand-over: transit + warm-up (ms) | tenant | "
+                "target % | "
                 "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | again |",
                 "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])

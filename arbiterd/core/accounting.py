@@ -12,6 +12,12 @@ overhead (each instance keeps its own as well, which lengthens its turns so
 that they hold their nominal useful time; scheduler.py), and it sizes
 ``slice_ms = auto``: the shortest slice whose hand-over stays at or under
 ``handover_target_pct`` %.
+
+The meter also keeps the two parts of the recent samples apart, unclamped, to
+say where a GPU's hand-overs go: the *transit* (the daemon's work and the
+messages', from the grant to the client and from its release back) and the
+*warm-up* (the client's: its wake-up to the first use, and its slow first
+operations). They bill nothing and size nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class HandoverMeter:
 
     def __init__(self) -> None:
         self.samples: deque[int] = deque(maxlen=SAMPLES)
+        self.warmups: deque[int] = deque(maxlen=SAMPLES)  # the part of each sample the client reported
         self.count = 0
         self.median = 0
         self.expected = 0  # the mean of the recent overheads, each kept within [lo, hi]
@@ -41,11 +48,13 @@ class HandoverMeter:
         self.buckets = [0] * len(BUCKETS)
         self.sum_ns = 0
 
-    def observe(self, overhead_ns: int) -> bool:
-        """Record one lease's overhead; True when the median was recomputed."""
+    def observe(self, overhead_ns: int, warmup_ns: int = 0) -> bool:
+        """Record one lease's overhead, of which ``warmup_ns`` the client reported; True when the median was
+        recomputed."""
         if not -SAMPLE_MAX_NS <= overhead_ns <= SAMPLE_MAX_NS:
             return False
         self.samples.append(overhead_ns)
+        self.warmups.append(warmup_ns)
         self.count += 1
         self.sum_ns += max(0, overhead_ns)
         self.buckets[bisect.bisect_left(BUCKETS, max(0, overhead_ns) / 1e9)] += 1
@@ -60,6 +69,15 @@ class HandoverMeter:
         kept = lo * below + sum(ordered[below:above]) + hi * (n - above)  # each sample within [lo, hi]
         self.expected = max(0, kept // n)
         return True
+
+    @property
+    def parts(self) -> tuple[int, int]:
+        """The recent samples' mean transit and mean warm-up (ns), unclamped; (0, 0) before any sample."""
+        n = len(self.samples)
+        if n == 0:
+            return 0, 0
+        warmup = sum(self.warmups) // n
+        return sum(self.samples) // n - warmup, warmup
 
     def discount(self, overhead_ns: int) -> int:
         """The part of a lease with this overhead that is billed to nobody (below 0: billed more)."""

@@ -468,7 +468,7 @@ class GpuScheduler(GpuState):
         turns, which must pay for real hand-overs (an instance alone for a while would otherwise come
         back to contention with a slice and turns sized for none)."""
         overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
-        if not lease.renewal and self.handover.observe(overhead):
+        if not lease.renewal and self.handover.observe(overhead, warmup_ns):
             self._refresh_slice(now)
         kept = self.handover.discount(overhead)
         lease.discount_ns = min(kept, now - lease.granted_ns)

@@ -54,6 +54,9 @@ class ArbiterCollector(Collector):
                                     labels=g_)
         handover = HistogramMetricFamily("cgpu_gpu_handover_seconds", "What each hand-over cost: the part of a "
                                          "lease nobody could use (transit, wake-up, warm-up)", labels=g_)
+        parts = GaugeMetricFamily("cgpu_gpu_handover_part_seconds", "Where the last hand-overs went, on average "
+                                  "(unclamped): transit (the daemon and the messages) or warmup (the clients' wake-up "
+                                  "and slow first operations)", labels=[*g_, "part"])
         held = CounterMetricFamily("cgpu_instance_held_seconds", "Time the instance held the GPU", labels=gi)
         delivered = CounterMetricFamily("cgpu_instance_delivered_seconds", "Useful GPU time delivered: time held, "
                                         "less the hand-overs it was not billed for", labels=gi)
@@ -81,6 +84,8 @@ class ArbiterCollector(Collector):
                 acc += n
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
             handover.add_metric(lg, buckets, meter.sum_ns / 1e9)
+            parts.add_metric([*lg, "transit"], g.handover_transit_ms / 1e3)
+            parts.add_metric([*lg, "warmup"], g.handover_warmup_ms / 1e3)
             grants.add_metric(lg, g.grants)
             for reason, n in g.revoked.items():
                 revokes.add_metric([str(g.index), reason], n)
@@ -97,7 +102,7 @@ class ArbiterCollector(Collector):
                 inst["highprio"].add_metric(li, i.highprio)
                 used.add_metric(li, i.mem_used)
                 limit.add_metric(li, i.mem_limit)
-        yield from (busy, *settings.values(), slice_s, handover, free_w, total, alloc_mem, alloc_core, grants,
+        yield from (busy, *settings.values(), slice_s, handover, parts, free_w, total, alloc_mem, alloc_core, grants,
                     revokes, overruns, fair, held, delivered, entitled, demand, *inst.values(), used, limit)
         c = self.hub.counters
         yield HistogramMetricFamily(

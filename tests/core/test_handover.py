@@ -120,6 +120,7 @@ def test_the_auto_slice_converges_to_the_hand_over_over_the_target(cost: SwitchC
     assert sim.sched.slice_ns == want_ms * NS_PER_MS
     overhead = 2 * cost.transit_ns + cost.wake_ns + cost.warm_ns
     assert sim.sched.handover.median == overhead
+    assert sim.sched.handover.parts == (2 * cost.transit_ns, cost.wake_ns + cost.warm_ns)  # where it went
     assert share(res, "B") / share(res, "A") == pytest.approx(2.0, rel=0.01)
     if lo < want_ms < hi:  # busy tenants together lose about the target to hand-overs (two per round of 3)
         assert share(res, "A") + share(res, "B") >= 1 - target / 100
@@ -144,3 +145,26 @@ def test_expected_hand_over_is_the_mean_of_the_recent_samples_each_kept_in_bound
             assert meter.median == recent[len(recent) // 2]
             kept = [min(max(v, meter.lo), meter.hi) for v in recent]
             assert meter.expected == max(0, sum(kept) // len(kept))
+
+
+@given(st.lists(st.tuples(st.integers(0, 3 * NS_PER_MS), st.integers(-NS_PER_MS, 3 * NS_PER_MS)), max_size=150),
+       st.lists(st.tuples(st.integers(101 * NS_PER_MS, 10**12), st.integers(1, NS_PER_MS)), max_size=5))
+@settings(max_examples=100, deadline=None)
+def test_the_parts_of_a_hand_over_are_the_recent_samples_means(samples: list[tuple[int, int]],
+                                                                stalls: list[tuple[int, int]]) -> None:
+    """Transit and warm-up: the unclamped means of the last 63 samples' two parts; a stall (a gap past
+    100 ms) is no sample, of either."""
+    from arbiterd.core.accounting import SAMPLES, HandoverMeter
+
+    meter = HandoverMeter()
+    assert meter.parts == (0, 0)
+    for stall, warmup in stalls:
+        meter.observe(stall + warmup, warmup)
+    for transit, warmup in samples:
+        meter.observe(transit + warmup, warmup)
+    recent = samples[-SAMPLES:]
+    if recent:
+        warm = sum(w for _, w in recent) // len(recent)
+        assert meter.parts == (sum(t + w for t, w in recent) // len(recent) - warm, warm)
+    else:
+        assert meter.parts == (0, 0)

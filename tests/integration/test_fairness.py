@@ -83,6 +83,8 @@ def test_on_policy_2_an_idle_tenant_keeps_its_entitlement_and_is_not_under_serve
     assert b[2]["fairness_error_pp"]["1s"] == pytest.approx(worst)
     assert worst < 5.0
     assert b[1]["C"]["entitled_pct"]["1s"] == pytest.approx(25.0, abs=1.0)
+    # where the hand-overs went: the messages take some time, and neither part is a stall (<= 100 ms)
+    assert 0 < b[2]["handover_transit_ms"] <= 100 and abs(b[2]["handover_warmup_ms"]) <= 100
 
 
 def test_the_status_document_names_its_schema_version() -> None:

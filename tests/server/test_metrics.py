@@ -27,6 +27,11 @@ def test_a_gauge_per_gpu_setting_and_instance_values(hub: Hub) -> None:
     assert reg.get_sample_value("cgpu_gpu_overrun_seconds", {"gpu": "0"}) == 0.5
     assert reg.get_sample_value("cgpu_gpu_slice_seconds", {"gpu": "0"}) == 0.005
     assert reg.get_sample_value("cgpu_gpu_handover_seconds_count", {"gpu": "0"}) == 0
+    for part in ("transit", "warmup"):
+        assert reg.get_sample_value("cgpu_gpu_handover_part_seconds", {"gpu": "0", "part": part}) == 0
+    hub.arbiter.scheds[0].handover.observe(1_500_000, warmup_ns=1_000_000)  # 0.5 ms of transit, 1 ms warm-up
+    assert reg.get_sample_value("cgpu_gpu_handover_part_seconds", {"gpu": "0", "part": "transit"}) == 0.0005
+    assert reg.get_sample_value("cgpu_gpu_handover_part_seconds", {"gpu": "0", "part": "warmup"}) == 0.001
     assert reg.get_sample_value("cgpu_gpu_policy", {"gpu": "1"}) == 2  # a weight above 1 made it weighted
     labels = {"gpu": "1", "instance": "a"}
     assert reg.get_sample_value("cgpu_instance_weight", labels) == 3
