@@ -128,7 +128,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     for key, value in {**ROW_DEFAULTS, **row.settings}.items():
         daemon.set(f"0/{key}", value)
     busy = [t for t in row.tenants if t.busy]
-    cycles = args.ratio_cycles if row.ratio else args.cycles
+    cycles = args.pinned_cycles if row.pinned else args.ratio_cycles if row.ratio else args.cycles
     books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
     alone_spans: list[dict[str, tuple[int, int]]] = []
     runs: list[tuple[int, int, dict[str, int], int]] = []  # (start, end, weights, the run alone before it)
@@ -217,13 +217,16 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     if row.ratio:  # the processes swapped weights in as many cycles as not: their own speeds cancel
         out["ratio"] = round(math.exp(statistics.mean(log_ratios)), 4)
         out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
+        # the standard error of the mean log-ratio, in %: how far this row's verdict is from the machine's noise
+        out["ratio_se_pct"] = round(100 * statistics.stdev(log_ratios) / math.sqrt(len(log_ratios)), 2) \
+            if len(log_ratios) > 1 else 0.0
     return out
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     at_defaults = [r for r in rows if not r["pinned"]]
     return {
-        "max_share_error_pp": max(abs(t["error_pp"]) for r in at_defaults for t in r["tenants"]),
+        "max_share_error_pp": max((abs(t["error_pp"]) for r in at_defaults for t in r["tenants"]), default=0.0),
         "min_aggregate_pct": min((r["aggregate_pct"] for r in at_defaults if r["full"]), default=100.0),
         "max_ratio_error_pct": max((abs(r["ratio"] / 2 - 1) * 100 for r in at_defaults if "ratio" in r),
                                    default=0.0),
@@ -237,7 +240,7 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         settings = ", ".join(f"{k} {v}" for k, v in r["settings"].items() if ROW_DEFAULTS.get(k) != v)
         for t in r["tenants"]:
-            ratio = f"{r['ratio']:.3f}" if "ratio" in r and t is r["tenants"][0] else ""
+            ratio = f"{r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r and t is r["tenants"][0] else ""
             agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
             again = str(r["repeated"]) if t is r["tenants"][0] else ""
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
@@ -260,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=4, help="contended runs per row, each between runs alone")
     p.add_argument("--ratio-cycles", type=int, default=8, help="contended runs of a 1:2 row (a multiple of 4, "
                    "for the ABBA swaps): its ratio is held to the tightest target")
+    p.add_argument("--pinned-cycles", type=int, default=16, help="contended runs of the pinned 1:2 row (a "
+                   "multiple of 4): with 5 ms operations a weight-1 turn there is one operation, and one run's ratio "
+                   "varies by several %%")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of each torch tenant (default 1: "
                    "the simulated device is one core, the other is the host's)")
     p.add_argument("--exclusive", type=float, default=1.5, help="seconds of each tenant's run alone")
@@ -312,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
                       f"{r['handover_ms']:.2f} ms ({r['handover_transit_ms']:.2f} transit + "
                       f"{r['handover_warmup_ms']:.2f} warm-up): {shares} sum {r['aggregate_pct']:.1f}"
-                      + (f" ratio {r['ratio']:.3f}" if "ratio" in r else "") + f" (by cycle {excl}"
+                      + (f" ratio {r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r else "")
+                      + f" (by cycle {excl}"
                       + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
     summ = summary(rows_out)
@@ -324,10 +331,12 @@ def main(argv: list[str] | None = None) -> int:
                 "handover_target_pct 2, policy set per row through the tree); the pinned row sets slice_ms 5. "
                 + ("" if args.native else
                    f"Torch tenants: {args.threads} intra-op thread{'s' if args.threads > 1 else ''} each. ")
-                + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row; a run around which a "
+                + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row and {args.pinned_cycles} "
+                f"in the pinned one; a run around which a "
                 f"tenant's rate alone moved by more than {args.drift:g} % was run again (the row's `again` column). "
                 + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
-                "in the same run; window: whole rounds after a warm-up. The slice and the hand-over are the "
+                "in the same run; window: whole rounds after a warm-up. A ratio is the geometric mean of the "
+                "runs' ratios, ± its standard error. The slice and the hand-over are the "
                 "daemon's at the row's end (status: `slice_effective_ms`, `handover_ms`, and the last hand-overs' "
                 "mean transit and warm-up, unclamped). The last three columns are the daemon's "
                 "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err; in a "
