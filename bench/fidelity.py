@@ -199,6 +199,8 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
             heavy, light = sorted(weights, key=lambda n: -weights[n])
             log_ratios.append(math.log(rates[heavy] / rates[light]))
     shares = {name: statistics.mean(v) for name, v in by_role.items()}
+    # a share's standard error over the cycles (pp): how much of its error this machine's noise can explain
+    share_se = {name: statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0 for name, v in by_role.items()}
     for t in row.tenants:
         shares.setdefault(t.name, 0.0)
     out: dict[str, Any] = {
@@ -208,6 +210,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
         "cycles": cycles, "repeated": repeated,
         "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
                      "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
+                     "share_se_pp": round(share_se.get(t.name, 0.0), 2),
                      "error_pp": round(shares[t.name] - t.target, 2),
                      **{f"daemon_{k}": round(100 * books.get(f"{t.name}.{k}", 0.0) / books["span"], 2)
                         for k in ("entitled_pct", "delivered_pct", "error_pp")},
@@ -247,7 +250,8 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
                          f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f}: {r['handover_transit_ms']:.2f} + "
                          f"{r['handover_warmup_ms']:.2f} | {t['name']}"
                          f" (w{t['weight']}){' hp' if t['highprio'] else ''}{'' if t['busy'] else ' idle'} | "
-                         f"{t['target_pct']:.1f} | {t['share_pct']:.1f} | {t['error_pp']:+.1f} | {agg} | {ratio} | "
+                         f"{t['target_pct']:.1f} | {t['share_pct']:.1f} ± {t['share_se_pp']:.1f} | "
+                         f"{t['error_pp']:+.1f} | {agg} | {ratio} | "
                          f"{t['daemon_entitled_pct']:.1f} | {t['daemon_delivered_pct']:.1f} | "
                          f"{t['daemon_error_pp']:+.1f} | {again} |")
     return lines
@@ -336,11 +340,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"tenant's rate alone moved by more than {args.drift:g} % was run again (the row's `again` column). "
                 + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
                 "in the same run; window: whole rounds after a warm-up. A ratio is the geometric mean of the "
-                "runs' ratios, ± its standard error. The slice and the hand-over are the "
-                "daemon's at the row's end (status: `slice_effective_ms`, `handover_ms`, and the last hand-overs' "
-                "mean transit and warm-up, unclamped). The last three columns are the daemon's "
-                "own fairness accounting over the same contended runs (`cgpu-smi`'s Entitled/Delivered/Err; in a "
-                "1:2 row, where the processes swap weights, by the weight each had): "
+                "runs' ratios, a share the mean of the runs' shares, each ± its standard error over the runs. "
+                "The slice and the hand-over are the daemon's at the row's end (status: `slice_effective_ms`, "
+                "`handover_ms`, and the last hand-overs' mean transit and warm-up, unclamped). The last three "
+                "columns are the daemon's own fairness accounting over the same contended runs (`cgpu-smi`'s "
+                "Entitled/Delivered/Err; in a 1:2 row, where the processes swap weights, by the weight each had): "
                 "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
                 "tenant had demand), in points.", "",
                 "| tenants | row | policy | settings | slice in force / hand-over: transit + warm-up (ms) | tenant | "
@@ -350,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
         summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
         results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
+    at_defaults = [r for r in rows_out if not r["pinned"]]
+    print("standard errors over the cycles: share up to "
+          f"{max((t['share_se_pp'] for r in at_defaults for t in r['tenants']), default=0.0):.2f} pp, "
+          f"ratio up to {max((r['ratio_se_pct'] for r in at_defaults if 'ratio' in r), default=0.0):.2f} % "
+          f"(pinned {max((r['ratio_se_pct'] for r in rows_out if r['pinned']), default=0.0):.2f} %)")
     print(" ".join(f"{k}={v:.2f}" for k, v in summ.items()))
     return 0 if ok else 1
 
