@@ -87,6 +87,12 @@ def round_s(row: Row) -> float:
     return slots * slice_ms / 1e3
 
 
+def std_error(xs: list[float]) -> float:
+    """The standard error of the mean of ``xs`` (0 for fewer than two): how much of a row's error this machine's
+    noise from cycle to cycle can explain."""
+    return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+
+
 def rate(ends: list[int], t0: int, t1: int) -> float:
     return sum(1 for t in ends if t0 <= t < t1) / ((t1 - t0) / 1e9)
 
@@ -199,8 +205,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
             heavy, light = sorted(weights, key=lambda n: -weights[n])
             log_ratios.append(math.log(rates[heavy] / rates[light]))
     shares = {name: statistics.mean(v) for name, v in by_role.items()}
-    # a share's standard error over the cycles (pp): how much of its error this machine's noise can explain
-    share_se = {name: statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0 for name, v in by_role.items()}
+    share_se = {name: std_error(v) for name, v in by_role.items()}  # pp
     for t in row.tenants:
         shares.setdefault(t.name, 0.0)
     out: dict[str, Any] = {
@@ -220,9 +225,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     if row.ratio:  # the processes swapped weights in as many cycles as not: their own speeds cancel
         out["ratio"] = round(math.exp(statistics.mean(log_ratios)), 4)
         out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
-        # the standard error of the mean log-ratio, in %: how far this row's verdict is from the machine's noise
-        out["ratio_se_pct"] = round(100 * statistics.stdev(log_ratios) / math.sqrt(len(log_ratios)), 2) \
-            if len(log_ratios) > 1 else 0.0
+        out["ratio_se_pct"] = round(100 * std_error(log_ratios), 2)  # of the mean log-ratio: about %
     return out
 
 
@@ -236,6 +239,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
         "pinned5_ratio_error_pct": max((abs(r["ratio"] / 2 - 1) * 100 for r in rows if r["pinned"]),
                                        default=0.0),
     }
+
+
+def noise(rows: list[dict[str, Any]]) -> str:
+    """The largest standard errors over the cycles, printed beside the summary."""
+    at_defaults = [r for r in rows if not r["pinned"]]
+    share = max((t["share_se_pp"] for r in at_defaults for t in r["tenants"]), default=0.0)
+    ratio = max((r["ratio_se_pct"] for r in at_defaults if "ratio" in r), default=0.0)
+    pinned = max((r["ratio_se_pct"] for r in rows if r["pinned"]), default=0.0)
+    return (f"standard errors over the cycles: share up to {share:.2f} pp, ratio up to {ratio:.2f} % "
+            f"(pinned {pinned:.2f} %)")
 
 
 def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
@@ -327,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                       + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
     summ = summary(rows_out)
+    summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
     ok = all(summ[k] <= v if k != "min_aggregate_pct" else summ[k] >= v for k, v in TARGETS.items())
     if args.json:
         print(json.dumps({"rows": rows_out, "summary": summ, "targets": TARGETS}, indent=2))
@@ -352,14 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                 "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | again |",
                 "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
-        summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
         results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
-    at_defaults = [r for r in rows_out if not r["pinned"]]
-    print("standard errors over the cycles: share up to "
-          f"{max((t['share_se_pp'] for r in at_defaults for t in r['tenants']), default=0.0):.2f} pp, "
-          f"ratio up to {max((r['ratio_se_pct'] for r in at_defaults if 'ratio' in r), default=0.0):.2f} % "
-          f"(pinned {max((r['ratio_se_pct'] for r in rows_out if r['pinned']), default=0.0):.2f} %)")
-    print(" ".join(f"{k}={v:.2f}" for k, v in summ.items()))
+    print(noise(rows_out))
+    print(summary_line)
     return 0 if ok else 1
 
 
