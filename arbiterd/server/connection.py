@@ -52,8 +52,9 @@ class ClientConnection(asyncio.Protocol):
         self.uid = -1
         self.greeted = False
         self.closed = False
-        self.opened_at = time.monotonic()
-        self.arrived_ns = time.monotonic_ns()  # when the last whole message arrived: what its request is timed by
+        self.opened_ns = time.monotonic_ns()
+        self.arrived_ns = self.opened_ns  # when the last whole message arrived: what its request is timed by
+        self.partial_since_ns = 0  # when the frame still arriving began to arrive (0: none is)
 
     # asyncio.Protocol ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,6 +95,10 @@ class ClientConnection(asyncio.Protocol):
                         self.send(p.Error(exc.code, exc.message, getattr(msg, "id", None)))
                 if self.closed:
                     return
+            if not self.decoder.pending_bytes:
+                self.partial_since_ns = 0
+            elif self.partial_since_ns <= self.arrived_ns:  # a frame began in this read
+                self.partial_since_ns = time.monotonic_ns()
         except p.ProtocolError as exc:
             log.info("client %d (pid %d): %s; closing", self.cid, self.pid, exc.message)
             self.hub.counters.bad_frames += 1
@@ -118,8 +123,9 @@ class ClientConnection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
 
-    def pending_partial(self) -> bool:
-        return self.decoder.pending_bytes > 0
+    def partial_for_ns(self, now_ns: int) -> int:
+        """How long the frame still arriving has been arriving (0: none is)."""
+        return now_ns - self.partial_since_ns if self.partial_since_ns else 0
 
     # requests ----------------------------------------------------------------
     def greet(self, msg: p.Message) -> None:

@@ -143,15 +143,15 @@ class Daemon:
 
     def _drop_stalled(self) -> None:
         cfg = self.hub.config
-        now = time.monotonic()
+        now = time.monotonic_ns()
         for peer in list(self.hub.peers.values()):
             if not isinstance(peer, ClientConnection):
                 continue
-            if not peer.greeted and now - peer.opened_at > cfg.handshake_timeout_s:
+            if not peer.greeted and now - peer.opened_ns > cfg.handshake_timeout_s * 1e9:
                 log.info("client %d (pid %d): no hello within %.1f s; closing", peer.cid, peer.pid,
                          cfg.handshake_timeout_s)
                 peer.fail("bad_request", "handshake timed out")
-            elif peer.pending_partial() and time.monotonic_ns() - peer.arrived_ns > cfg.frame_timeout_s * 1e9:
+            elif peer.partial_for_ns(now) > cfg.frame_timeout_s * 1e9:
                 log.info("client %d (pid %d): partial frame for %.1f s; closing", peer.cid, peer.pid,
                          cfg.frame_timeout_s)
                 peer.fail("bad_frame", "frame timed out")

@@ -35,6 +35,23 @@ requests = st.builds(lambda op, fields: {"op": op, **fields}, ops,
                                      values, max_size=6))
 
 
+class Transport:
+    """What a ClientConnection writes to, in process."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -137,20 +154,6 @@ def test_message_handlers_answer_every_request_without_raising(msgs: list[dict[s
     from arbiterd.server.connection import ClientConnection
     from arbiterd.server.daemon import Daemon
 
-    class Transport:
-        def __init__(self) -> None:
-            self.out: list[bytes] = []
-            self.closed = False
-
-        def write(self, data: bytes) -> None:
-            self.out.append(data)
-
-        def close(self) -> None:
-            self.closed = True
-
-        def get_extra_info(self, name: str) -> None:
-            return None
-
     async def go() -> None:
         daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state"))
         conn = ClientConnection(daemon.hub, daemon.status)
@@ -163,6 +166,36 @@ def test_message_handlers_answer_every_request_without_raising(msgs: list[dict[s
                 break
         conn.connection_lost(None)
         assert daemon.hub.peers == {}
+
+    asyncio.run(go())
+
+
+def test_a_frame_is_timed_from_its_first_byte_not_from_the_last_message() -> None:
+    """A client idle for longer than frame_timeout_s whose next frame arrives in two reads is not dropped
+    between them; a frame that stays cut short is, frame_timeout_s after its first byte."""
+    import asyncio
+
+    from arbiterd.server.config import Config
+    from arbiterd.server.connection import ClientConnection
+    from arbiterd.server.daemon import Daemon
+
+    async def go() -> None:
+        daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state"))
+        conn = ClientConnection(daemon.hub, daemon.status)
+        conn.connection_made(Transport())  # type: ignore[arg-type]
+        conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "h"}))
+        assert conn.greeted and conn.partial_for_ns(time.monotonic_ns()) == 0
+        conn.arrived_ns -= int(60e9)  # the last whole message came a minute ago
+        frame = msgpack.packb({"op": "register", "id": 1, "instance": "a", "gpus": [0]})
+        conn.data_received(frame[:5])
+        daemon._drop_stalled()
+        assert not conn.closed  # the frame began just now
+        conn.data_received(frame[5:])
+        assert not conn.closed and conn.partial_for_ns(time.monotonic_ns()) == 0
+        conn.data_received(frame[:5])
+        conn.partial_since_ns -= int(daemon.hub.config.frame_timeout_s * 1e9) + 1
+        daemon._drop_stalled()
+        assert conn.closed  # this one has been arriving for longer than frame_timeout_s
 
     asyncio.run(go())
 
