@@ -81,6 +81,18 @@ def test_every_message_round_trips(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(p.MESSAGES))
+def test_equal_messages_hash_alike(name: str) -> None:
+    """Frozen to the type checker, so hashable at run time too (where every field is)."""
+    cls = p.MESSAGES[name]
+    a, b = (p.decode(dict(SAMPLES[name]), cls.DIRECTION) for _ in range(2))
+    if all(isinstance(getattr(a, f), int | str | float | None) for f in cls.FIELDS):
+        assert hash(a) == hash(b) and len({a, b}) == 1
+    else:
+        with pytest.raises(TypeError):
+            hash(a)
+
+
+@pytest.mark.parametrize("name", sorted(p.MESSAGES))
 def test_every_required_field_is_enforced(name: str) -> None:
     cls = p.MESSAGES[name]
     for field in cls.REQUIRED:

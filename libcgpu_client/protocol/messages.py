@@ -104,11 +104,11 @@ def compile_type(tname: str) -> Checker:
 
 @typing.dataclass_transform(frozen_default=True)
 def message(op: str, direction: str, reply: str | None = None) -> Callable[[type[T]], type[T]]:
-    """Make ``cls`` a slotted dataclass (frozen to the type checker) registered under ``op``, with its field
-    table taken from its annotations."""
+    """Make ``cls`` a slotted dataclass (frozen to the type checker, and hashable by its fields as the type checker
+    takes a frozen one to be) registered under ``op``, with its field table taken from its annotations."""
 
     def register(plain: type[T]) -> type[T]:
-        cls = dataclass(slots=True)(plain)
+        cls = dataclass(slots=True, unsafe_hash=True)(plain)
         hints = typing.get_type_hints(cls)
         table: dict[str, FieldSpec] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
