@@ -6,8 +6,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.helpers import DaemonProc
+
+# Property tests judge the code, not this machine's pace: no per-example deadline and no "generation is slow"
+# health check (the first text strategy of a fresh checkout spends a second building hypothesis's character
+# tables, and a noisy 2-core machine stalls for as long). pytest-timeout still catches a test that hangs.
+settings.register_profile("cgpu", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("cgpu")
 
 
 @pytest.fixture
