@@ -13,6 +13,7 @@ with ``max_share_error_pp=<n> min_aggregate_pct=<n> max_ratio_error_pct=<n> pinn
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -26,7 +27,16 @@ from typing import Any
 
 from bench import results
 from bench.common import ROOT
-from bench.fidelity_run import Daemon, NativeTarget, NativeTenants, TorchTenants, calibrate
+from bench.fidelity_run import (
+    DUTY_OFF_MS,
+    DUTY_ON_MS,
+    Daemon,
+    NativeTarget,
+    NativeTenants,
+    TorchTenants,
+    calibrate,
+    duty_control,
+)
 
 TARGETS = {"max_share_error_pp": 3.0, "min_aggregate_pct": 95.0, "max_ratio_error_pct": 2.5,
            "pinned5_ratio_error_pct": 2.5}
@@ -94,7 +104,8 @@ def std_error(xs: list[float]) -> float:
 
 
 def rate(ends: list[int], t0: int, t1: int) -> float:
-    return sum(1 for t in ends if t0 <= t < t1) / ((t1 - t0) / 1e9)
+    """Operations per second that ended in [t0, t1) (``ends`` in order, as a tenant records them)."""
+    return (bisect.bisect_left(ends, t1) - bisect.bisect_left(ends, t0)) / ((t1 - t0) / 1e9)
 
 
 def account(books: dict[str, float], ts: Any, row: Row, before: dict[str, Any], after: dict[str, Any],
@@ -121,6 +132,10 @@ def account(books: dict[str, float], ts: Any, row: Row, before: dict[str, Any], 
             books[f"{role[t.name]}.{key}"] = books.get(f"{role[t.name]}.{key}", 0.0) + v
 
 
+Run = tuple[int, int, dict[str, int], dict[str, tuple[int, int]], dict[str, tuple[int, int]]]
+"""A contended run: its start and end, each process's weight, and the spans alone before and after it."""
+
+
 def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
     """One row: cycles of each busy tenant alone then all of them under the row's policy, and alone again.
 
@@ -129,15 +144,19 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     (ABBA), so a difference between the processes themselves cancels; shares are reported by weight. A
     cycle around which a tenant's rate alone moved by more than ``--drift`` % (the machine changed pace, so
     its reference is unsure) is run again, as many times in all as the row has cycles at most; the row says how
-    many were.
+    many were. A row whose standard error is still over half its target after its cycles (a share's over 1.5 pp,
+    a ratio's over 1.25 %: the machine is noisy) runs more of them, up to ``--max-cycles-factor`` times as many:
+    the rule looks at the spread of the cycles, never at their mean.
     """
     for key, value in {**ROW_DEFAULTS, **row.settings}.items():
         daemon.set(f"0/{key}", value)
     busy = [t for t in row.tenants if t.busy]
     cycles = args.pinned_cycles if row.pinned else args.ratio_cycles if row.ratio else args.cycles
+    most = cycles * max(1, args.max_cycles_factor)
+    block = 4 if row.ratio else 1  # a 1:2 row grows by whole ABBA blocks
     books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
     alone_spans: list[dict[str, tuple[int, int]]] = []
-    runs: list[tuple[int, int, dict[str, int], int]] = []  # (start, end, weights, the run alone before it)
+    runs: list[Run] = []
     repeated = 0
     with tenants_of(row) as ts:
 
@@ -161,7 +180,8 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
 
         alone()
         gpu: dict[str, Any] = {}
-        for k in range(cycles):
+        k = 0
+        while k < cycles or k % block or (k < most and too_noisy(*per_cycle(row, runs, ts, args))):
             weights = {t.name: t.weight for t in busy}
             if row.ratio and k % 4 in (1, 2):  # ABBA: the processes swap weights
                 weights = {"A": 2, "B": 1}
@@ -184,26 +204,10 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
                 account(books, ts, row, before, after,
                         {t.name: by_weight[weights[t.name]] if row.ratio and t.busy else t.name
                          for t in row.tenants})
-                runs.append((t0, t1, weights, j))
+                runs.append((t0, t1, weights, alone_spans[j], alone_spans[j + 1]))
                 break
-        ts.refresh()
-        ends = {t.name: ts.ends(t.name) for t in busy}
-        leases = ts.leases(busy[0].name)
-    by_role: dict[str, list[float]] = {t.name: [] for t in busy}
-    role_of = {(t.weight, t.name) for t in busy}
-    log_ratios = []  # weight 2's rate over weight 1's, in the same window: drift of the machine cancels
-    for t0, t1, weights, j in runs:
-        # whole rounds: from a turn start of the first busy tenant after the warm-up to a later one
-        starts = [g for g, _ in leases if t0 + args.warmup * 1e9 <= g < t1]
-        w0, w1 = (starts[0], starts[-1]) if len(starts) > 2 else (int(t0 + args.warmup * 1e9), t1)
-        rates = {name: rate(ends[name], w0, w1) for name in weights}
-        for name in weights:
-            excl = statistics.mean(rate(ends[name], *alone_spans[i][name]) for i in (j, j + 1))
-            role = name if not row.ratio else next(n for w, n in role_of if w == weights[name])
-            by_role[role].append(100 * rates[name] / excl)
-        if row.ratio:
-            heavy, light = sorted(weights, key=lambda n: -weights[n])
-            log_ratios.append(math.log(rates[heavy] / rates[light]))
+            k += 1
+        by_role, log_ratios = per_cycle(row, runs, ts, args)
     shares = {name: statistics.mean(v) for name, v in by_role.items()}
     share_se = {name: std_error(v) for name, v in by_role.items()}  # pp
     for t in row.tenants:
@@ -212,7 +216,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
         "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
         "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"],
         "handover_transit_ms": gpu["handover_transit_ms"], "handover_warmup_ms": gpu["handover_warmup_ms"],
-        "cycles": cycles, "repeated": repeated,
+        "cycles": len(runs), "base_cycles": cycles, "repeated": repeated,
         "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
                      "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
                      "share_se_pp": round(share_se.get(t.name, 0.0), 2),
@@ -227,6 +231,41 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
         out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
         out["ratio_se_pct"] = round(100 * std_error(log_ratios), 2)  # of the mean log-ratio: about %
     return out
+
+
+def per_cycle(row: Row, runs: list[Run], ts: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]],
+                                                                                    list[float]]:
+    """Each cycle's share per role (% of exclusive) and, in a 1:2 row, its log ratio of weight 2's rate over
+    weight 1's, from the tenants' records."""
+    busy = [t for t in row.tenants if t.busy]
+    by_role: dict[str, list[float]] = {t.name: [] for t in busy}
+    if not runs:
+        return by_role, []
+    ts.refresh()
+    ends = {t.name: ts.ends(t.name) for t in busy}
+    leases = ts.leases(busy[0].name)
+    role_of = {(t.weight, t.name) for t in busy}
+    log_ratios = []  # weight 2's rate over weight 1's, in the same window: drift of the machine cancels
+    for t0, t1, weights, before, after in runs:
+        # whole rounds: from a turn start of the first busy tenant after the warm-up to a later one
+        starts = [g for g, _ in leases if t0 + args.warmup * 1e9 <= g < t1]
+        w0, w1 = (starts[0], starts[-1]) if len(starts) > 2 else (int(t0 + args.warmup * 1e9), t1)
+        rates = {name: rate(ends[name], w0, w1) for name in weights}
+        for name in weights:
+            excl = statistics.mean(rate(ends[name], *spans[name]) for spans in (before, after))
+            role = name if not row.ratio else next(n for w, n in role_of if w == weights[name])
+            by_role[role].append(100 * rates[name] / excl)
+        if row.ratio:
+            heavy, light = sorted(weights, key=lambda n: -weights[n])
+            log_ratios.append(math.log(rates[heavy] / rates[light]))
+    return by_role, log_ratios
+
+
+def too_noisy(by_role: dict[str, list[float]], log_ratios: list[float]) -> bool:
+    """Whether a row's cycles leave a share's or a ratio's standard error over half its target."""
+    share = max((std_error(v) for v in by_role.values()), default=0.0)
+    ratio = 100 * std_error(log_ratios)
+    return share > TARGETS["max_share_error_pp"] / 2 or ratio > TARGETS["max_ratio_error_pct"] / 2
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -258,7 +297,7 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
         for t in r["tenants"]:
             ratio = f"{r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r and t is r["tenants"][0] else ""
             agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
-            again = str(r["repeated"]) if t is r["tenants"][0] else ""
+            runs = f"{r['cycles']} ({r['repeated']})" if t is r["tenants"][0] else ""
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
                          f"{r['slice_in_force_ms']:g} / {r['handover_ms']:.2f}: {r['handover_transit_ms']:.2f} + "
                          f"{r['handover_warmup_ms']:.2f} | {t['name']}"
@@ -266,7 +305,7 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
                          f"{t['target_pct']:.1f} | {t['share_pct']:.1f} ± {t['share_se_pp']:.1f} | "
                          f"{t['error_pp']:+.1f} | {agg} | {ratio} | "
                          f"{t['daemon_entitled_pct']:.1f} | {t['daemon_delivered_pct']:.1f} | "
-                         f"{t['daemon_error_pp']:+.1f} | {again} |")
+                         f"{t['daemon_error_pp']:+.1f} | {runs} |")
     return lines
 
 
@@ -291,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of a contended run left out")
     p.add_argument("--drift", type=float, default=10.0, help="a cycle around which a tenant's rate alone moved "
                    "by more than this %% is run again (default 10)")
+    p.add_argument("--max-cycles-factor", type=int, default=2, help="a row whose standard error is over half its "
+                   "target after its cycles runs more, up to this many times as many (default 2; 1: never)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-fid-", dir="/tmp"))
@@ -307,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
               "; no NVIDIA GPU here, so the real-driver run is skipped"), flush=True)
     rows_out: list[dict[str, Any]] = []
     lines: list[str] = []
+    controls: list[str] = []  # the machine's own loss in policy 0's turns, no cgpu (duty_control)
     for size in args.sizes.split(","):
         ms = float(size)
         with Daemon(tmp / f"d-{size}", real_gpu=where is not None and where.real_gpu) as daemon:
@@ -336,8 +378,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['handover_ms']:.2f} ms ({r['handover_transit_ms']:.2f} transit + "
                       f"{r['handover_warmup_ms']:.2f} warm-up): {shares} sum {r['aggregate_pct']:.1f}"
                       + (f" ratio {r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r else "")
-                      + f" (by cycle {excl}"
+                      + f" ({r['cycles']} cycles: {excl}"
                       + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
+                if row.policy == 0 and not args.native:  # in the same spell of the machine as the row
+                    blocks = duty_control(matmul, args.threads)
+                    r["duty_control_pct"] = [round(x, 2) for x in blocks]
+                    loss = f"{statistics.mean(blocks):+.1f} ± {std_error(blocks):.1f} %"
+                    controls.append(f"torch {ms:g} ms: {loss}")
+                    print(f"{'':>26} control, no cgpu: {DUTY_ON_MS} ms turns {DUTY_OFF_MS} ms apart took {loss} "
+                          "per operation against running on", flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
     summ = summary(rows_out)
     summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
@@ -350,8 +399,10 @@ def main(argv: list[str] | None = None) -> int:
                 + ("" if args.native else
                    f"Torch tenants: {args.threads} intra-op thread{'s' if args.threads > 1 else ''} each. ")
                 + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row and {args.pinned_cycles} "
-                f"in the pinned one; a run around which a "
-                f"tenant's rate alone moved by more than {args.drift:g} % was run again (the row's `again` column). "
+                f"in the pinned one, and more, up to {args.max_cycles_factor} times as many, while a share's standard "
+                "error was over 1.5 pp or a ratio's over 1.25 % (half their targets); a run around which a "
+                f"tenant's rate alone moved by more than {args.drift:g} % was run again. The last column gives the "
+                "runs kept and, in brackets, those run again. "
                 + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "
                 "in the same run; window: whole rounds after a warm-up. A ratio is the geometric mean of the "
                 "runs' ratios, a share the mean of the runs' shares, each ± its standard error over the runs. "
@@ -363,9 +414,16 @@ def main(argv: list[str] | None = None) -> int:
                 "tenant had demand), in points.", "",
                 "| tenants | row | policy | settings | slice in force / hand-over: transit + warm-up (ms) | tenant | "
                 "target % | "
-                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | again |",
+                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | runs (again) |",
                 "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
+        if controls:
+            lines += ["", f"Control, with no cgpu, run right after the p0_max4 row: one torch loop in the bench's "
+                      f"own process running the same operation in {DUTY_ON_MS} ms turns {DUTY_OFF_MS} ms apart "
+                      "(that row's turns at a 100 ms slice) took this much longer per operation, past each "
+                      "turn's first 10 ms, than running on; a tenant that waits out three slots of four loses "
+                      "that much of its share on this machine whatever the daemon does: " + "; ".join(controls)
+                      + "."]
         results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
     print(noise(rows_out))
     print(summary_line)

@@ -113,6 +113,44 @@ def calibrate(ms: float, threads: int) -> int:
     return size
 
 
+DUTY_ON_MS, DUTY_OFF_MS = 100, 300  # policy 0 at max_inst 4 with two tenants, at the longest auto slice
+
+
+def duty_control(size: int, threads: int, blocks: int = 4) -> list[float]:
+    """The machine's own loss from sleeping between turns, with no cgpu: one torch loop, in this process,
+    alternates running on for 1.5 s with running ``DUTY_ON_MS`` and sleeping ``DUTY_OFF_MS``; each block gives
+    how much longer (%) an operation took in the turns (after their first 10 ms, past any warm-up) than in the
+    run on before it. A tenant that waits out three slots of four loses that much of its share here, whatever
+    the daemon does."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(size, size)
+    for _ in range(20):
+        torch.mm(a, a)
+
+    def op_ns() -> int:
+        t = time.perf_counter_ns()
+        torch.mm(a, a)
+        return time.perf_counter_ns() - t
+
+    out = []
+    for _ in range(blocks):
+        on, end = [], time.monotonic() + 1.5
+        while time.monotonic() < end:
+            on.append(op_ns())
+        turns = []
+        for _ in range(5):
+            time.sleep(DUTY_OFF_MS / 1e3)
+            start = time.monotonic()
+            while (spent := time.monotonic() - start) < DUTY_ON_MS / 1e3:
+                took = op_ns()
+                if spent > 0.01:
+                    turns.append(took)
+        out.append(100 * (sum(turns) / len(turns)) / (sum(on[20:]) / len(on[20:])) - 100)
+    return out
+
+
 class _Tenants:
     """Processes that each serve one tenant through stdin commands (run, pause, dump, quit)."""
 

@@ -1,0 +1,134 @@
+"""bench.fidelity's own logic, on a virtual clock: a row's shares and ratio from the tenants' records, and the
+rule that runs a noisy row for more cycles (by the spread of its cycles, never by their mean)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+from types import TracebackType
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench import fidelity
+from bench.fidelity import ROWS, Row
+
+RATE = 200.0  # operations per second of a tenant alone, at the machine's pace 1
+
+
+class Clock:
+    now = 10**9
+
+
+class FakeDaemon:
+    """What run_row asks of arbiterd: settings written, and a status whose books it adds up."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.settings = clock, dict[str, str]()
+
+    def set(self, path: str, value: str) -> None:
+        self.settings[path] = value
+
+    def status(self) -> dict[str, Any]:
+        return {"uptime_seconds": self.clock.now / 1e9,
+                "gpus": [{"instances": [], "slice_effective_ms": 5, "handover_ms": 1.0,
+                          "handover_transit_ms": 0.5, "handover_warmup_ms": 0.5}]}
+
+
+class FakeTenants:
+    """Tenants whose work follows the daemon's weights exactly, on a machine whose pace moves from one phase
+    to the next by ``noise`` (a standard deviation, relative)."""
+
+    def __init__(self, daemon: FakeDaemon, row: Row, noise: float, seed: int = 1) -> None:
+        self.daemon, self.row, self.noise = daemon, row, noise
+        self.rand = random.Random(seed)
+        self.records: dict[str, list[int]] = {t.name: [] for t in row.tenants}
+        self.turns: list[tuple[int, int]] = []
+
+    def __enter__(self) -> FakeTenants:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        pass
+
+    def instance(self, name: str) -> str:
+        return name
+
+    def refresh(self) -> None:
+        pass
+
+    def run(self, names: list[str], seconds: float) -> tuple[int, int]:
+        t0 = self.daemon.clock.now
+        t1 = t0 + int(seconds * 1e9)
+        pace = max(0.1, self.rand.gauss(1.0, self.noise))
+        weights = {n: int(self.daemon.settings.get(f"0/{n}/weight", "1")) for n in names}
+        for name in names:
+            per_s = RATE * pace * weights[name] / sum(weights.values())
+            step = int(1e9 / per_s)
+            self.records[name] += range(t0 + step, t1, step)
+        if len(names) > 1:
+            self.turns += [(g, g) for g in range(t0, t1, 50_000_000)]
+        self.daemon.clock.now = t1 + 200_000_000
+        return t0, t1
+
+    def ends(self, name: str) -> list[int]:
+        return list(self.records[name])
+
+    def leases(self, name: str) -> list[tuple[int, int]]:
+        return list(self.turns)
+
+
+def args(**kw: Any) -> argparse.Namespace:
+    base = {"cycles": 4, "ratio_cycles": 8, "pinned_cycles": 16, "max_cycles_factor": 2, "exclusive": 1.5,
+            "contended": 6.0, "warmup": 1.0, "drift": 1000.0}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def run(row: Row, noise: float, **kw: Any) -> dict[str, Any]:
+    daemon = FakeDaemon(Clock())
+    return fidelity.run_row(daemon, lambda r: FakeTenants(daemon, r, noise), row, args(**kw))  # type: ignore[arg-type]
+
+
+def row(name: str) -> Row:
+    return next(r for r in ROWS if r.name == name)
+
+
+def test_a_steady_machine_gives_exact_shares_in_the_row_s_own_cycles() -> None:
+    out = run(row("p1_two_busy"), 0.0)
+    assert out["cycles"] == 4 and out["base_cycles"] == 4
+    for t in out["tenants"]:
+        assert abs(t["share_pct"] - 50.0) < 0.2 and t["share_se_pp"] < 0.1
+    out = run(row("p2_1_2"), 0.0)
+    assert out["cycles"] == 8 and abs(out["ratio"] - 2.0) < 0.01
+
+
+def test_a_noisy_row_runs_more_cycles_up_to_its_factor() -> None:
+    out = run(row("p1_two_busy"), 0.15)
+    assert out["cycles"] == 8  # four more, and no further
+    assert max(t["share_se_pp"] for t in out["tenants"]) > 1.5  # still noisy: it stopped at its cap
+    assert run(row("p1_two_busy"), 0.15, max_cycles_factor=1)["cycles"] == 4
+
+
+def test_a_1_2_row_grows_by_whole_abba_blocks() -> None:
+    out = run(row("p2_1_2"), 0.15, max_cycles_factor=3)
+    assert out["cycles"] in (12, 16, 20, 24) and out["cycles"] % 4 == 0
+    assert len(out["cycles_ratio"]) == out["cycles"]
+
+
+@given(st.floats(0.0, 4.0), st.floats(0.0, 4.0), st.floats(0.0, 3.0))
+def test_too_noisy_is_half_the_target(share_se: float, other_se: float, ratio_se_pct: float) -> None:
+    """Samples built to a given standard error: two values d apart have a standard error of d / 2."""
+    by_role = {"A": [50.0, 50.0 + 2 * share_se], "B": [50.0, 50.0 + 2 * other_se]}
+    d = 2 * ratio_se_pct / 100
+    noisy = fidelity.too_noisy(by_role, [0.7, 0.7 + d])
+    assert noisy == (max(share_se, other_se) > 1.5 + 1e-9 or ratio_se_pct > 1.25 + 1e-9) or \
+        min(abs(max(share_se, other_se) - 1.5), abs(ratio_se_pct - 1.25)) < 1e-6
+
+
+@given(st.lists(st.integers(0, 10**6), max_size=200), st.integers(0, 10**6), st.integers(1, 10**6))
+def test_rate_counts_the_ends_in_its_window(ends: list[int], t0: int, span: int) -> None:
+    ends.sort()
+    t1 = t0 + span
+    assert fidelity.rate(ends, t0, t1) == sum(1 for t in ends if t0 <= t < t1) / (span / 1e9)
