@@ -28,8 +28,6 @@ from typing import Any
 from bench import results
 from bench.common import ROOT
 from bench.fidelity_run import (
-    DUTY_OFF_MS,
-    DUTY_ON_MS,
     Daemon,
     NativeTarget,
     NativeTenants,
@@ -196,7 +194,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
                 after = daemon.status()
                 alone()
                 j = len(alone_spans) - 2
-                if repeated < cycles and drift_pct(j) > args.drift:
+                if repeated < max(cycles, k + 1) and drift_pct(j) > args.drift:
                     repeated += 1
                     continue
                 gpu = after["gpus"][0]
@@ -334,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                    "target after its cycles runs more, up to this many times as many (default 2; 1: never)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
+    for flag, n in (("--ratio-cycles", args.ratio_cycles), ("--pinned-cycles", args.pinned_cycles)):
+        if n < 4 or n % 4:
+            p.error(f"{flag} must be a multiple of 4 (whole ABBA blocks), not {n}")
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-fid-", dir="/tmp"))
     kind = "native" if args.native else "torch"
     where: NativeTarget | None = None
@@ -381,11 +382,13 @@ def main(argv: list[str] | None = None) -> int:
                       + f" ({r['cycles']} cycles: {excl}"
                       + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
                 if row.policy == 0 and not args.native:  # in the same spell of the machine as the row
-                    blocks = duty_control(matmul, args.threads)
+                    on_ms = r["slice_in_force_ms"]
+                    blocks = duty_control(matmul, args.threads, on_ms)
                     r["duty_control_pct"] = [round(x, 2) for x in blocks]
-                    loss = f"{statistics.mean(blocks):+.1f} ± {std_error(blocks):.1f} %"
-                    controls.append(f"torch {ms:g} ms: {loss}")
-                    print(f"{'':>26} control, no cgpu: {DUTY_ON_MS} ms turns {DUTY_OFF_MS} ms apart took {loss} "
+                    loss = (f"{statistics.mean(blocks):+.1f} ± {std_error(blocks):.1f} %" if blocks
+                            else "not measured (operations as long as a turn)")
+                    controls.append(f"torch {ms:g} ms, {on_ms:g} ms turns {3 * on_ms:g} ms apart: {loss}")
+                    print(f"{'':>26} control, no cgpu: {on_ms:g} ms turns {3 * on_ms:g} ms apart took {loss} "
                           "per operation against running on", flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
     summ = summary(rows_out)
@@ -418,12 +421,11 @@ def main(argv: list[str] | None = None) -> int:
                 "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
         if controls:
-            lines += ["", f"Control, with no cgpu, run right after the p0_max4 row: one torch loop in the bench's "
-                      f"own process running the same operation in {DUTY_ON_MS} ms turns {DUTY_OFF_MS} ms apart "
-                      "(that row's turns at a 100 ms slice) took this much longer per operation, past each "
-                      "turn's first 10 ms, than running on; a tenant that waits out three slots of four loses "
-                      "that much of its share on this machine whatever the daemon does: " + "; ".join(controls)
-                      + "."]
+            lines += ["", "Control, with no cgpu, run right after the p0_max4 row: one torch loop in the bench's "
+                      "own process running the same operation in turns of that row's slice, three times as long "
+                      "apart (that row's turns), took this much longer per operation, past each turn's first "
+                      "10 ms, than running on; a tenant that waits out three slots of four loses that much of its "
+                      "share on this machine whatever the daemon does: " + "; ".join(controls) + "."]
         results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
     print(noise(rows_out))
     print(summary_line)

@@ -113,15 +113,12 @@ def calibrate(ms: float, threads: int) -> int:
     return size
 
 
-DUTY_ON_MS, DUTY_OFF_MS = 100, 300  # policy 0 at max_inst 4 with two tenants, at the longest auto slice
-
-
-def duty_control(size: int, threads: int, blocks: int = 4) -> list[float]:
+def duty_control(size: int, threads: int, on_ms: float, blocks: int = 4) -> list[float]:
     """The machine's own loss from sleeping between turns, with no cgpu: one torch loop, in this process,
-    alternates running on for 1.5 s with running ``DUTY_ON_MS`` and sleeping ``DUTY_OFF_MS``; each block gives
-    how much longer (%) an operation took in the turns (after their first 10 ms, past any warm-up) than in the
-    run on before it. A tenant that waits out three slots of four loses that much of its share here, whatever
-    the daemon does."""
+    alternates running on for 1.5 s with turns of ``on_ms`` three times as long apart (policy 0's turns with two
+    tenants at max_inst 4); each block gives how much longer (%) an operation took in the turns, past their first
+    10 ms (a quarter of a shorter turn), than in the run on before it. A tenant that waits out three slots of
+    four loses that much of its share here, whatever the daemon does."""
     import torch
 
     torch.set_num_threads(threads)
@@ -134,22 +131,23 @@ def duty_control(size: int, threads: int, blocks: int = 4) -> list[float]:
         torch.mm(a, a)
         return time.perf_counter_ns() - t
 
+    on_s, skip_s = on_ms / 1e3, min(0.01, on_ms / 4e3)
     out = []
     for _ in range(blocks):
         on, end = [], time.monotonic() + 1.5
         while time.monotonic() < end:
             on.append(op_ns())
         turns = []
-        for _ in range(5):
-            time.sleep(DUTY_OFF_MS / 1e3)
+        for _ in range(max(3, round(2.0 / (4 * on_s)))):
+            time.sleep(3 * on_s)
             start = time.monotonic()
-            while (spent := time.monotonic() - start) < DUTY_ON_MS / 1e3:
+            while (spent := time.monotonic() - start) < on_s:
                 took = op_ns()
-                if spent > 0.01:
+                if spent > skip_s:
                     turns.append(took)
-        out.append(100 * (sum(turns) / len(turns)) / (sum(on[20:]) / len(on[20:])) - 100)
+        if len(on) > 1 and turns:  # operations as long as a turn leave nothing to compare
+            out.append(100 * (sum(turns) / len(turns)) / (sum(on[1:]) / len(on[1:])) - 100)
     return out
-
 
 class _Tenants:
     """Processes that each serve one tenant through stdin commands (run, pause, dump, quit)."""

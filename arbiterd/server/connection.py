@@ -71,6 +71,7 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        last = self.arrived_ns
         try:
             for raw in self.decoder.feed(data):
                 self.arrived_ns = time.monotonic_ns()
@@ -97,7 +98,7 @@ class ClientConnection(asyncio.Protocol):
                     return
             if not self.decoder.pending_bytes:
                 self.partial_since_ns = 0
-            elif self.partial_since_ns <= self.arrived_ns:  # a frame began in this read
+            elif not self.partial_since_ns or self.arrived_ns != last:  # a frame began in this read
                 self.partial_since_ns = time.monotonic_ns()
         except p.ProtocolError as exc:
             log.info("client %d (pid %d): %s; closing", self.cid, self.pid, exc.message)

@@ -193,7 +193,13 @@ def test_a_frame_is_timed_from_its_first_byte_not_from_the_last_message() -> Non
         conn.data_received(frame[5:])
         assert not conn.closed and conn.partial_for_ns(time.monotonic_ns()) == 0
         conn.data_received(frame[:5])
-        conn.partial_since_ns -= int(daemon.hub.config.frame_timeout_s * 1e9) + 1
+        stale = int(daemon.hub.config.frame_timeout_s * 1e9) + 1
+        conn.partial_since_ns -= stale
+        conn.data_received(frame[5:] + frame[:5])  # one read ends that frame and begins the next
+        daemon._drop_stalled()
+        assert not conn.closed
+        conn.partial_since_ns -= stale
+        conn.data_received(frame[5:8])  # more of the same frame: it keeps its start
         daemon._drop_stalled()
         assert conn.closed  # this one has been arriving for longer than frame_timeout_s
 
