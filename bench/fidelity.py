@@ -168,7 +168,6 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
 
         def drift_pct(j: int) -> float:
             """How far a busy tenant's rate alone moved from run alone ``j`` to the next, at most (%)."""
-            ts.refresh()
             moved = 0.0
             for t in busy:
                 ends = ts.ends(t.name)
@@ -239,7 +238,6 @@ def per_cycle(row: Row, runs: list[Run], ts: Any, args: argparse.Namespace) -> t
     by_role: dict[str, list[float]] = {t.name: [] for t in busy}
     if not runs:
         return by_role, []
-    ts.refresh()
     ends = {t.name: ts.ends(t.name) for t in busy}
     leases = ts.leases(busy[0].name)
     role_of = {(t.weight, t.name) for t in busy}
@@ -387,9 +385,10 @@ def main(argv: list[str] | None = None) -> int:
                     r["duty_control_pct"] = [round(x, 2) for x in blocks]
                     loss = (f"{statistics.mean(blocks):+.1f} ± {std_error(blocks):.1f} %" if blocks
                             else "not measured (operations as long as a turn)")
-                    controls.append(f"torch {ms:g} ms, {on_ms:g} ms turns {3 * on_ms:g} ms apart: {loss}")
-                    print(f"{'':>26} control, no cgpu: {on_ms:g} ms turns {3 * on_ms:g} ms apart took {loss} "
-                          "per operation against running on", flush=True)
+                    turns = f"{on_ms:g} ms turns {3 * on_ms:g} ms apart"
+                    controls.append(f"torch {ms:g} ms, {turns}: {loss}")
+                    print(f"{'':>26} control, no cgpu: {turns} took {loss} per operation against running on",
+                          flush=True)
             lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
     summ = summary(rows_out)
     summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
@@ -403,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"Torch tenants: {args.threads} intra-op thread{'s' if args.threads > 1 else ''} each. ")
                 + f"{args.cycles} contended runs per row, {args.ratio_cycles} in a 1:2 row and {args.pinned_cycles} "
                 f"in the pinned one, and more, up to {args.max_cycles_factor} times as many, while a share's standard "
-                "error was over 1.5 pp or a ratio's over 1.25 % (half their targets); a run around which a "
+                f"error was over {TARGETS['max_share_error_pp'] / 2:g} pp or a ratio's over "
+                f"{TARGETS['max_ratio_error_pct'] / 2:g} % (half their targets); a run around which a "
                 f"tenant's rate alone moved by more than {args.drift:g} % was run again. The last column gives the "
                 "runs kept and, in brackets, those run again. "
                 + "Share: a tenant's rate against its own exclusive rate, measured alone before and after "

@@ -149,6 +149,7 @@ def duty_control(size: int, threads: int, on_ms: float, blocks: int = 4) -> list
             out.append(100 * (sum(turns) / len(turns)) / (sum(on[1:]) / len(on[1:])) - 100)
     return out
 
+
 class _Tenants:
     """Processes that each serve one tenant through stdin commands (run, pause, dump, quit)."""
 
@@ -196,6 +197,7 @@ class _Tenants:
         for name in names:
             self._send(name, "pause")
         time.sleep(0.2)  # let the last turn end and the leases go back
+        self.data = {}  # what was fetched before is stale now: the next look fetches again
         return t0, t1
 
     def _collect(self) -> None:
@@ -204,10 +206,6 @@ class _Tenants:
             self._send(name, f"dump {path}")
             self._line(self.procs[name])
             self.data[name] = json.loads(path.read_text())
-
-    def refresh(self) -> None:
-        """Read what the tenants recorded again at the next look (between phases)."""
-        self.data = {}
 
     def ends(self, name: str) -> list[int]:
         """When each unit of work of tenant ``name`` finished, so far (read after the phases)."""

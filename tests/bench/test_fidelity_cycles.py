@@ -57,9 +57,6 @@ class FakeTenants:
     def instance(self, name: str) -> str:
         return name
 
-    def refresh(self) -> None:
-        pass
-
     def run(self, names: list[str], seconds: float) -> tuple[int, int]:
         t0 = self.daemon.clock.now
         t1 = t0 + int(seconds * 1e9)
