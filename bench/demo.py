@@ -45,15 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-demo-"))
     run_dir, state_dir = tmp / "run", tmp / "state"
     sock, admin = str(run_dir / "arbiter.sock"), str(run_dir / "admin.sock")
-    print(f"$ arbiterd --run-dir {run_dir} --state-dir {state_dir} --sim-gpus 1x16GiB --policy 2 "
-          "--identity declared")
+    print(f"$ arbiterd --run-dir {run_dir} --state-dir {state_dir} --sim-gpus 1x16GiB --policy 2")
     daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(state_dir),
-                               "--sim-gpus", "1x16GiB", "--policy", "2", "--identity", "declared"],
+                               "--sim-gpus", "1x16GiB", "--policy", "2"],
                               stderr=open(tmp / "arbiterd.log", "w"))  # noqa: SIM115 (closed with the daemon)
     try:
         if not wait_for_socket(sock, 15) or not wait_for_socket(admin, 15):
             print("demo: arbiterd did not start", file=sys.stderr)
             return 1
+        uid = os.geteuid()  # the two jobs run on this host as this user: an operator provisions them for it
+        for name, weight in (("job-a", 1), ("job-b", 2)):
+            cmd = ["cgpuctl", "echo", f"create {name} uid={uid} weight={weight}", "inst_ctl"]
+            print(f"$ cgpuctl echo \"create {name} uid={uid} weight={weight}\" inst_ctl", flush=True)
+            subprocess.run([tool(cmd[0]), "--admin", admin, *cmd[1:]], check=True)
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         clients = {
             name: subprocess.Popen([sys.executable, "-m", "bench.spin", sock, name, str(args.seconds), "1.0",

@@ -38,19 +38,29 @@ INSTANCES = 8
 
 
 class FakeTransport:
-    """What a connection writes, kept for the client side to read back."""
+    """What a connection writes, kept for the client side to read back (tests drive connections with it too)."""
 
     def __init__(self) -> None:
         self.out: list[bytes] = []
+        self.closed = False
 
     def write(self, data: bytes) -> None:
         self.out.append(data)
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
     def get_extra_info(self, name: str) -> None:
         return None
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
 
 
 def acquire_frame() -> bytes:
@@ -120,6 +130,10 @@ async def daemon_side(clients: int, state_dir: str) -> list[tuple[asyncio.Protoc
         conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "hotpath"}))
         conn.data_received(msgpack.packb({"op": "register", "id": 1, "instance": f"hot-{n % INSTANCES}",
                                           "gpus": [0]}))
+        for _ in range(100):  # turns of the loop, as between reads: a request left for its tenant's next turn
+            if len(t.out) >= 2:
+                break
+            await asyncio.sleep(0)
         assert [msgpack.unpackb(f)["op"] for f in t.out] == ["welcome", "registered"], t.out
         t.out.clear()
         conns.append((conn, t))

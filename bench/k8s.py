@@ -104,7 +104,7 @@ def replay(placement: str, arrivals: list[Arrival], fake: bool, root: Path) -> R
         arbiter = FakeArbiter(root / "admin.sock", [GIB_PER_GPU] * GPUS).start()
         admin_socket, socket_dir = str(arbiter.path), str(root)
     else:
-        from tests.helpers import DaemonProc
+        from bench.cast import DaemonProc
 
         (root / "k" / "proc").mkdir(parents=True)
         daemon = DaemonProc(root / "d", "--sim-gpus", f"{GPUS}x{GIB_PER_GPU}GiB", "--identity", "cgroup",

@@ -173,7 +173,7 @@ class Allocator:
                     log.error("allocation %s (GPU %s): arbiterd refuses to create it again: %s; its container "
                               "will be refused until its pod is gone", rec.alloc_id, _gpus(rec), exc)
             for a in node.allocations:
-                if ALLOC_ID.match(a.id) and self.store.get(a.id) is None:
+                if ALLOC_ID.fullmatch(a.id) and self.store.get(a.id) is None:
                     self.admin.remove_allocation(a.id)
                     log.warning("allocation %s (GPU %s): arbiterd held it but this plugin has no record of it; "
                                 "removed", a.id, ",".join(map(str, a.gpus)))

@@ -31,7 +31,7 @@ from typing import Any
 from cgpu_device_plugin.devices import Resource
 
 log = logging.getLogger("cgpu_device_plugin.store")
-ALLOC_ID = re.compile(r"^(?:mem|core)-[0-9a-f]{12}$")
+ALLOC_ID = re.compile(r"(?:mem|core)-[0-9a-f]{12}")
 STATE_FILE = "state.json"
 TOKEN_FILE = "token"
 
@@ -86,7 +86,7 @@ class AllocationStore:
         os.chmod(self.dir, 0o700)
         try:
             raw = json.loads(self.path.read_text())
-            records = [Record.from_json(k, v) for k, v in raw["allocations"].items() if ALLOC_ID.match(k)]
+            records = [Record.from_json(k, v) for k, v in raw["allocations"].items() if ALLOC_ID.fullmatch(k)]
         except FileNotFoundError:
             records = []
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -147,7 +147,7 @@ class AllocationStore:
 
     # ------------------------------------------------------------ token directories
     def alloc_path(self, alloc_id: str) -> Path:
-        if not ALLOC_ID.match(alloc_id):
+        if not ALLOC_ID.fullmatch(alloc_id):
             raise ValueError(f"not an allocation id: {alloc_id!r}")
         return self.dir / alloc_id
 
@@ -177,4 +177,4 @@ class AllocationStore:
     def stray_dirs(self) -> list[str]:
         """Allocation directories with no record (a crash between making one and recording it)."""
         return sorted(p.name for p in self.dir.iterdir()
-                      if p.is_dir() and ALLOC_ID.match(p.name) and p.name not in self._records)
+                      if p.is_dir() and ALLOC_ID.fullmatch(p.name) and p.name not in self._records)

@@ -178,7 +178,9 @@ class Client:
             try:
                 sock = self._connect()
             except (OSError, ProtocolError, DaemonError) as exc:
-                if self.connects == 0 and delay <= 0.05:
+                if isinstance(exc, DaemonError) and delay <= 0.05:  # it answered, and said no: say why, once a run
+                    log.warning("cgpu: arbiterd refused this process (%s); retrying", exc)
+                elif self.connects == 0 and delay <= 0.05:
                     log.warning("cgpu: cannot reach arbiterd at %s (%s); retrying", self.socket_path, exc)
                 with self._state:
                     self._state.wait(delay)

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from libcgpu_client.protocol.names import NAME_RULE, is_name
+
 GIB = 1024**3
 VARIABLES = {
     "CGPU_DISABLE": "true: bypass the arbiter entirely",
@@ -35,8 +37,7 @@ VARIABLES = {
     "CGPU_NATIVE": "1 when libcgpu.so is preloaded and enforces CUDA itself (set by cgpu-run)",
 }
 DEFAULT_SOCKET = "/run/cgpu/arbiter.sock"
-_INSTANCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{4,80}$")
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{4,80}")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -108,7 +109,7 @@ def parse_devices(name: str, value: str) -> list[int | str]:
     for p in parts:
         if re.fullmatch(r"\d{1,3}", p):
             out.append(int(p))
-        elif _UUID.match(p):
+        elif _UUID.fullmatch(p):
             out.append(p)
         else:
             raise _bad(name, value, "GPU indices like 0,1 or UUIDs like GPU-xxxxxxxx-...")
@@ -175,8 +176,8 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
         if all(m == 0 for m in mem):
             mem = []
     instance = get("CGPU_INSTANCE")
-    if instance is not None and not _INSTANCE.match(instance):
-        raise _bad("CGPU_INSTANCE", instance, "1-128 of A-Z a-z 0-9 _ . - (not starting with . - _)")
+    if instance is not None and not is_name(instance):
+        raise _bad("CGPU_INSTANCE", instance, NAME_RULE)
     loss = get("CGPU_ON_DAEMON_LOSS") or "wait"
     if loss not in ("wait", "run"):
         raise _bad("CGPU_ON_DAEMON_LOSS", loss, "wait or run")

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem", metavar="SIZE", help="memory limit per GPU: 3 (GiB), 600MiB, or 1GiB,2GiB")
     p.add_argument("--highprio", action="store_true", help="run as a high-priority instance")
     p.add_argument("--instance", metavar="ID", help="instance id to declare (processes outside containers; "
-                   "default run-<pid of cgpu-run>)")
+                   "default uid-<uid>, the instance of every host process of that uid)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"],
                    help="cpu: the CPU acts as the simulated GPU, its operators are gated, and OpenMP waits "
                         "passively (OMP_WAIT_POLICY=PASSIVE unless set) (default auto)")
@@ -110,8 +110,8 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
                 env["ALIYUN_COM_GPU_MEM_CONTAINER"] = ",".join(str(s // GIB) for s in sizes)
     if args.instance is not None:
         env["CGPU_INSTANCE"] = args.instance
-    elif "CGPU_INSTANCE" not in env and not in_container():
-        env["CGPU_INSTANCE"] = f"run-{os.getpid()}"
+    elif "CGPU_INSTANCE" not in env and not in_container():  # a host process is its uid's: see arbiterd's identity
+        env["CGPU_INSTANCE"] = f"uid-{os.geteuid()}"
     if args.device is not None:
         env["CGPU_DEVICE"] = args.device
     if args.socket is not None:

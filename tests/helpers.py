@@ -2,100 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from bench.cast import DaemonProc
+from bench.common import ROOT, tool
 
-
-def tool(name: str) -> str:
-    """Path of a console script installed beside this Python (arbiterd, cgpuctl, ...)."""
-    path = BIN / name
-    return str(path) if path.exists() else name
-
-
-class DaemonProc:
-    """``arbiterd`` as a subprocess with its own run and state dirs."""
-
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None,
-                 wrap: list[str] | None = None) -> None:
-        self.tmp = tmp
-        self.wrap = wrap or []
-        self.run_dir = tmp / "run"
-        self.state_dir = tmp / "state"
-        self.args = list(args)
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = tmp / "arbiterd.log"
-
-    @property
-    def sock(self) -> str:
-        return str(self.run_dir / "arbiter.sock")
-
-    @property
-    def admin(self) -> str:
-        return str(self.run_dir / "admin.sock")
-
-    def start(self, timeout: float = 15.0) -> DaemonProc:
-        cmd = [*self.wrap, tool("arbiterd"), "--run-dir", str(self.run_dir), "--state-dir", str(self.state_dir),
-               *self.args]
-        self.log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"arbiterd exited with {self.proc.returncode}:\n{self.read_log()}")
-            if _accepts(self.sock) and _accepts(self.admin):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"arbiterd did not start:\n{self.read_log()}")
-
-    def read_log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
-
-    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([tool("cgpuctl"), "--admin", self.admin, *args], capture_output=True,
-                              text=True, timeout=30)
-
-    def smi_json(self) -> dict[str, Any]:
-        """``cgpu-smi --json`` against this daemon, parsed."""
-        out = subprocess.run([tool("cgpu-smi"), "--admin", self.admin, "--json"], capture_output=True,
-                             text=True, check=True, timeout=30).stdout
-        return json.loads(out)  # type: ignore[no-any-return]
-
-
-def _accepts(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+__all__ = ["ROOT", "BackgroundGate", "DaemonProc", "RawClient", "tool"]
 
 
 class RawClient:

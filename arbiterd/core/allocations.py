@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
+from arbiterd.core.names import valid_alloc_id, valid_instance_id
 
-ALLOC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
+DIGEST = re.compile(r"[0-9a-f]{64}")
 CORE_TOTAL = 100  # a card's compute, in percent
 
 
@@ -51,15 +51,8 @@ class Allocation:
                 "bound": self.bound}
 
 
-def valid_alloc_id(name: str) -> str:
-    if not ALLOC_ID.match(name):
-        raise SettingError(f"invalid allocation id {name!r}: use 1-128 of A-Z a-z 0-9 _ . - "
-                           "(not starting with . - _)")
-    return name
-
-
-def valid_digest(text: str) -> str:
-    if not DIGEST.match(text):
+def valid_digest(text: object) -> str:
+    if not isinstance(text, str) or not DIGEST.fullmatch(text):
         raise SettingError("token= must be the SHA-256 of the token, 64 lowercase hex digits")
     return text
 
@@ -126,17 +119,13 @@ class AllocationBook:
     def snapshot(self) -> list[dict[str, Any]]:
         return [{**a.to_json(), "token": a.digest, "pod": a.pod} for a in self]
 
-    def restore(self, items: list[Any], totals: Mapping[int, int]) -> list[str]:
-        """Re-create saved allocations; those naming a GPU this host lacks are skipped (warnings)."""
-        warnings = []
-        for item in items:
-            gpus = tuple(int(g) for g in item["gpus"])
-            if any(g not in totals for g in gpus):
-                warnings.append(f"state: allocation {item['id']} names a GPU this host lacks; dropped")
-                continue
-            bound, pod = item.get("bound"), item.get("pod")
-            self.create(Allocation(valid_alloc_id(str(item["id"])), valid_digest(str(item["token"])), gpus,
-                                   tuple(int(m) for m in item["memsize"]), int(item["core"]),
-                                   str(bound) if bound is not None else None, str(pod) if pod is not None else None),
-                        totals)
-        return warnings
+    def restore_one(self, item: Any, totals: Mapping[int, int]) -> None:
+        """Re-create one saved allocation (raises a CoreError, KeyError, TypeError or ValueError if it is bad)."""
+        gpus = tuple(int(g) for g in item["gpus"])
+        bound, pod = item.get("bound"), item.get("pod")
+        memsize = tuple(int(m) for m in item["memsize"])
+        if len(memsize) != len(gpus) or any(m < 0 for m in memsize) or not 0 <= int(item["core"]) <= CORE_TOTAL:
+            raise SettingError("memsize or core out of range")
+        self.create(Allocation(valid_alloc_id(item["id"]), valid_digest(item["token"]), gpus, memsize,
+                               int(item["core"]), valid_instance_id(bound) if bound is not None else None,
+                               str(pod) if pod is not None else None), totals)

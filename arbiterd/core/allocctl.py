@@ -15,11 +15,12 @@ lists the allocations, one a line:
 from __future__ import annotations
 
 from arbiterd.core import binding
-from arbiterd.core.allocations import Allocation, valid_alloc_id, valid_digest
+from arbiterd.core.allocations import Allocation, valid_digest
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
 from arbiterd.core.errors import ConflictError, SettingError
 from arbiterd.core.instctl import parse_gpus
+from arbiterd.core.names import valid_alloc_id
 from arbiterd.core.settings import INSTANCE, parse_size
 
 USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P]' "

@@ -9,7 +9,14 @@ win; later clients of an instance join its record, so the client socket never
 changes settings. A record without clients lingers ``linger_ns`` (a client that
 reconnects after a restart finds its settings), then goes unless provisioned.
 A GPU-core percentage is a weight (behaviour §3): the first on an unused GPU
-still on policy 1 sets it to policy 3 with 20 slots.
+still on policy 1 sets it to policy 3 with 20 slots, and a weight above 1 on
+policy 1 sets it to policy 2, when a trusted party asks (``inst_ctl``, an
+allocation; a client only while ``clients_shape_gpus``, i.e. ``identity =
+declared``). Otherwise a client's settings shape its own record and nothing else.
+
+When a GPU's ``free_weight`` is 0, a client's registration there is refused
+(``overcommit = "refuse"``), or admitted at weight 0 and raised to the weight it
+asked for as soon as that much is free (``overcommit = "queue"``).
 
 Like the schedulers, the arbiter does no I/O: every call takes ``now`` and
 returns effects.
@@ -18,29 +25,18 @@ returns effects.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from arbiterd.core.allocations import AllocationBook
 from arbiterd.core.effects import NS_PER_S, Effect
-from arbiterd.core.errors import ConflictError, IdentityError, NotFoundError, SettingError
+from arbiterd.core.errors import BusyError, ConflictError, IdentityError, NotFoundError, SettingError
 from arbiterd.core.memory import MemDecision, MemoryLedger
 from arbiterd.core.policies import FIXED_CORE, PREEMPTIVE
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import CORE_MAX_INST, GLOBAL, INSTANCE, GlobalSettings, GpuSettings, InstanceSettings
 
 log = logging.getLogger("arbiterd.core")
-INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-def valid_instance_id(name: object) -> str:
-    """Return ``name`` if it is a safe container id, else raise SettingError."""
-    if not isinstance(name, str) or not INSTANCE_ID.match(name):
-        raise SettingError(
-            f"invalid instance id {name!r}: use 1-128 of A-Z a-z 0-9 _ . - (not starting with . - _)"
-        )
-    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +54,8 @@ class InstanceRecord:
     gpu: int
     memsize: int
     provisioned: bool = False
+    host_uid: int | None = None  # provisioned for host processes of this uid (inst_ctl create NAME uid=N)
+    creator_uid: int | None = None  # made at the request of a host process of this uid (max_records_per_uid)
     clients: set[int] = field(default_factory=set)
     idle_since: int | None = None
     ledger: MemoryLedger = field(default_factory=lambda: MemoryLedger(0))
@@ -98,6 +96,32 @@ class ArbiterConfig:
     default_memsize: int = 0  # the initial value of the node-wide setting
     linger_ns: int = 60 * NS_PER_S
     allocations: str = "off"  # off | optional | required: see arbiterd.core.binding
+    overcommit: str = "refuse"  # refuse | queue: a registration where free_weight is 0
+    clients_shape_gpus: bool = False  # a client's weight or core percentage may switch a GPU's policy
+    max_records_per_uid: int = 64  # records host processes of one uid may have made (0: no cap)
+
+
+OVERCOMMIT = ("refuse", "queue")
+
+
+@dataclass(slots=True)
+class Absent:
+    """Items of the state file for GPUs this host does not have now, kept as they were (state.py)."""
+
+    gpus: dict[str, Any] = field(default_factory=dict)
+    instances: list[Any] = field(default_factory=list)
+    allocations: list[Any] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus or self.instances or self.allocations)
+
+    def gpu_names(self) -> set[str]:
+        names = set(self.gpus)
+        names.update(str(i.get("gpu")) for i in self.instances if isinstance(i, dict))
+        for a in self.allocations:
+            if isinstance(a, dict) and isinstance(a.get("gpus"), list):
+                names.update(str(g) for g in a["gpus"])
+        return names
 
 
 class Arbiter:
@@ -120,6 +144,7 @@ class Arbiter:
         self.clients: dict[int, ClientInfo] = {}
         self.globals = GlobalSettings(default_memsize=self.config.default_memsize)
         self.allocations = AllocationBook()
+        self.absent = Absent()
 
     # ------------------------------------------------------------ lookups
     def sched(self, gpu: int) -> GpuScheduler:
@@ -153,26 +178,35 @@ class Arbiter:
 
     # ----------------------------------------------------- instance records
     def create_instance(
-        self, gpu: int, name: str, s: InstanceSettings, now: int, *, provisioned: bool
+        self, gpu: int, name: str, s: InstanceSettings, now: int, *, provisioned: bool, shape_gpu: bool = True,
+        host_uid: int | None = None, creator_uid: int | None = None,
     ) -> tuple[InstanceRecord, list[Effect], list[str]]:
-        """Create the record of ``name`` on ``gpu``, clamping the weight to what is free."""
+        """Create the record of ``name`` on ``gpu``, clamping the weight to what is free.
+
+        ``shape_gpu``: a core percentage or a weight may switch the GPU's policy (a trusted party asks)."""
         sched = self.sched(gpu)
         INSTANCE["memsize"].check(s.memsize)
         effects: list[Effect] = []
         warnings: list[str] = []
         if s.core_percent:
-            effects, warnings = self._core_mode(gpu, name, s.core_percent, now)
+            effects, warnings = self._core_mode(gpu, name, s.core_percent, now, shape_gpu)
         weight = min(s.weight, sched.free_weight)
         if weight < s.weight:
             msg = (
                 f"GPU {gpu} instance {name}: weight {s.weight} requested but only "
                 f"{sched.free_weight} free; registered with weight {weight}"
-                + (" and it gets no GPU time" if weight == 0 else "")
+                + (" and it gets no GPU time until that much is free" if weight == 0 else "")
             )
             log.warning("%s", msg)
             warnings.append(msg)
-        effects += sched.add_instance(name, weight, bool(s.highprio), now, requested=s.weight)
-        rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now)
+        elif not shape_gpu and not s.core_percent and sched.policy.weight_switch(weight) is not None:
+            msg = (f"GPU {gpu} instance {name}: weight {weight} has no effect under policy {sched.settings.policy}; "
+                   f"an operator sets the policy")
+            log.info("%s", msg)
+            warnings.append(msg)
+        effects += sched.add_instance(name, weight, bool(s.highprio), now, requested=s.weight, switch=shape_gpu)
+        rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now, host_uid=host_uid,
+                             creator_uid=creator_uid)
         self.records[(gpu, name)] = rec
         rec.ledger.limit = self.mem_limit(rec)
         return rec, effects, warnings
@@ -182,27 +216,31 @@ class Arbiter:
         """Whether a core percentage may set ``sched`` to policy 3, max_inst 20: unused, on policy 1."""
         return sched.settings.policy == PREEMPTIVE and not sched.instances
 
-    def _core_mode(self, gpu: int, name: str, percent: int, now: int) -> tuple[list[Effect], list[str]]:
+    def _core_mode(self, gpu: int, name: str, percent: int, now: int, shape_gpu: bool = True
+                   ) -> tuple[list[Effect], list[str]]:
         """Put ``gpu`` on policy 3 with 20 slots for an instance asking ``percent`` of it, if it may."""
         sched = self.scheds[gpu]
         st = sched.settings
         if st.policy == FIXED_CORE and st.max_inst == CORE_MAX_INST:
             return [], []
-        if self._core_ready(sched):
+        if shape_gpu and self._core_ready(sched):
             log.info("GPU %d: policy 3 (fixed core), max_inst %d, for instance %s asking %d %% of the GPU",
                      gpu, CORE_MAX_INST, name, percent)
             return sched.set_max_inst(CORE_MAX_INST, now) + sched.set_policy(FIXED_CORE, now), []
         msg = (f"GPU {gpu} instance {name}: {percent} % of the GPU holds on policy 3 with max_inst "
                f"{CORE_MAX_INST}; GPU {gpu} has policy {st.policy} and max_inst {st.max_inst}, "
-               f"so it is weight {percent // 5} there")
+               f"so it is weight {percent // 5} there" + ("" if shape_gpu else " (an operator sets the policy)"))
         log.warning("%s", msg)
         return [], [msg]
 
-    def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int) -> list[Effect]:
-        """``inst_ctl create``: trusted settings that win over a client's environment."""
-        return self.provision_each(name, dict.fromkeys(gpus, s), now)
+    def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int, host_uid: int | None = None
+                  ) -> list[Effect]:
+        """``inst_ctl create``: trusted settings that win over a client's environment; ``host_uid``: the
+        instance is for host processes of that uid (and no container may use it)."""
+        return self.provision_each(name, dict.fromkeys(gpus, s), now, host_uid)
 
-    def provision_each(self, name: str, settings: dict[int, InstanceSettings], now: int) -> list[Effect]:
+    def provision_each(self, name: str, settings: dict[int, InstanceSettings], now: int,
+                       host_uid: int | None = None) -> list[Effect]:
         """Provision ``name`` with its own settings on each GPU: all of them, or (ConflictError) none."""
         for gpu, s in settings.items():
             sched = self.sched(gpu)
@@ -217,7 +255,7 @@ class Arbiter:
         for gpu, s in settings.items():
             rec = self.records.get((gpu, name))
             if rec is None:
-                _, eff, _ = self.create_instance(gpu, name, s, now, provisioned=True)
+                _, eff, _ = self.create_instance(gpu, name, s, now, provisioned=True, host_uid=host_uid)
                 effects += eff
             else:
                 sched = self.scheds[gpu]
@@ -227,7 +265,31 @@ class Arbiter:
                 rec.memsize = s.memsize
                 rec.ledger.limit = self.mem_limit(rec)
                 rec.provisioned = True
+                rec.host_uid = host_uid
+                rec.creator_uid = None
         return effects
+
+    def restore_record(self, gpu: int, name: str, weight: int, requested: int, highprio: int, memsize: int,
+                       provisioned: bool, host_uid: int | None, creator_uid: int | None, now: int) -> None:
+        """Put back a saved record as it was (state.py has checked each value): its weight, 0 included, is
+        not clamped and switches no policy."""
+        sched = self.sched(gpu)
+        if (gpu, name) in self.records:
+            raise ConflictError(f"instance {name} is on GPU {gpu} twice")
+        if weight > sched.free_weight:
+            raise ConflictError(f"weight {weight} exceeds free_weight {sched.free_weight} on GPU {gpu}")
+        sched.add_instance(name, weight, bool(highprio), now, requested=requested, switch=False)
+        rec = InstanceRecord(name, gpu, memsize, provisioned=provisioned, idle_since=now, host_uid=host_uid,
+                             creator_uid=creator_uid)
+        self.records[(gpu, name)] = rec
+        rec.ledger.limit = self.mem_limit(rec)
+
+    def host_owner(self, name: str) -> int | None:
+        """The host uid instance ``name`` is provisioned for, if any."""
+        for (_, n), rec in self.records.items():
+            if n == name and rec.host_uid is not None:
+                return rec.host_uid
+        return None
 
     def drop_records(self, name: str, gpus: list[int], now: int) -> list[Effect]:
         """Forget ``name`` on ``gpus``: at once where no client uses it, else when its last client leaves."""
@@ -241,7 +303,7 @@ class Arbiter:
                 continue
             effects += self.scheds[gpu].remove_instance(name, now)
             del self.records[(gpu, name)]
-        return effects
+        return effects + self.promote(now)
 
     def unprovision(self, name: str, gpus: list[int] | None, now: int) -> list[Effect]:
         """``inst_ctl remove``: drop the records of ``name`` (refused while clients use it)."""
@@ -257,7 +319,7 @@ class Arbiter:
         for rec in targets:
             effects += self.scheds[rec.gpu].remove_instance(name, now)
             del self.records[(rec.gpu, name)]
-        return effects
+        return effects + self.promote(now)
 
     def set_memsize(self, gpu: int, name: str, memsize: int) -> None:
         rec = self.record(gpu, name)
@@ -283,8 +345,12 @@ class Arbiter:
         gpus: list[int],
         requested: dict[int, InstanceSettings],
         now: int,
+        host_uid: int | None = None,
+        creator_uid: int | None = None,
     ) -> tuple[Registration, list[Effect]]:
-        """Attach client ``cid`` to ``instance`` on ``gpus``; create records as needed."""
+        """Attach client ``cid`` to ``instance`` on ``gpus``; create records as needed: all, or (a CoreError)
+        none. ``host_uid``: the client is a host process of that uid, whose records take the defaults;
+        ``creator_uid``: the uid the records it makes count against (max_records_per_uid; None: uncounted)."""
         info = self.client(cid)
         if info.instance is not None:
             raise IdentityError(f"client {cid} is already registered as {info.instance}")
@@ -292,6 +358,7 @@ class Arbiter:
             raise SettingError("register: no GPU requested")
         for gpu in gpus:
             self.sched(gpu)
+        self._admit(instance, list(dict.fromkeys(gpus)), host_uid, creator_uid)
         effects: list[Effect] = []
         warnings: list[str] = []
         out: list[RegisteredGpu] = []
@@ -299,9 +366,11 @@ class Arbiter:
             rec = self.records.get((gpu, instance))
             if rec is None:
                 want = requested.get(gpu, InstanceSettings())
-                if not self.config.trust_client_env:
+                if not self.config.trust_client_env or host_uid is not None:
                     want = InstanceSettings()
-                rec, eff, warn = self.create_instance(gpu, instance, want, now, provisioned=False)
+                rec, eff, warn = self.create_instance(gpu, instance, want, now, provisioned=False,
+                                                      shape_gpu=self.config.clients_shape_gpus,
+                                                      creator_uid=creator_uid)
                 effects += eff
                 warnings += warn
                 log.info("GPU %d instance %s: registered (weight %d)", gpu, instance,
@@ -318,6 +387,43 @@ class Arbiter:
         info.instance = instance
         info.gpus = tuple(dict.fromkeys(gpus))
         return Registration(instance, out, warnings), effects
+
+    def _admit(self, instance: str, gpus: list[int], host_uid: int | None, creator_uid: int | None) -> None:
+        """Refuse a registration that would need a record it may not have: before anything changes."""
+        new = [g for g in gpus if (g, instance) not in self.records]
+        for gpu in gpus:
+            rec = self.records.get((gpu, instance))
+            if rec is not None and rec.host_uid is not None and host_uid is not None and rec.host_uid != host_uid:
+                raise IdentityError(f"instance {instance} is provisioned for uid {rec.host_uid}")
+        if self.config.overcommit == "refuse":
+            for gpu in new:
+                sched = self.scheds[gpu]
+                if sched.free_weight == 0:
+                    raise ConflictError(
+                        f"GPU {gpu} has no free weight (max_inst {sched.settings.max_inst}, all of it taken): "
+                        f"instance {instance} cannot register there; an operator can raise max_inst, lower a "
+                        f"weight or remove an instance")
+        cap = self.config.max_records_per_uid
+        if creator_uid is not None and new and cap:
+            made = sum(1 for r in self.records.values() if r.creator_uid == creator_uid)
+            if made + len(new) > cap:
+                raise BusyError(f"uid {creator_uid} has {made} instance records from its clients, and may have "
+                                f"{cap} (max_records_per_uid)")
+
+    def promote(self, now: int) -> list[Effect]:
+        """``overcommit = "queue"``: raise each instance at weight 0 to the weight it asked for as soon as that
+        much is free, in the order they came (one asking little may pass one asking more that does not fit yet)."""
+        effects: list[Effect] = []
+        if self.config.overcommit != "queue":
+            return effects
+        for sched in self.scheds.values():
+            for inst in sorted(sched.instances.values(), key=lambda i: i.order):
+                if inst.weight == 0 and 0 < inst.requested <= sched.free_weight:
+                    want = min(inst.requested, sched.settings.max_inst)
+                    log.info("GPU %d instance %s: weight %d is free now; raised from 0", sched.index, inst.name,
+                             want)
+                    effects += sched.set_weight(inst.name, want, now)
+        return effects
 
     def _instance_on(self, cid: int, gpu: int) -> str:
         """The instance client ``cid`` registered on ``gpu`` (the grant path needs no more than its name)."""
@@ -388,6 +494,7 @@ class Arbiter:
     # --------------------------------------------------------------- time
     def tick(self, now: int) -> list[Effect]:
         effects: list[Effect] = []
+        dropped = False
         for sched in self.scheds.values():
             wake = sched.next_wakeup()
             if wake is not None and wake <= now:
@@ -398,7 +505,8 @@ class Arbiter:
                          self.config.linger_ns // NS_PER_S)
                 effects += self.scheds[gpu].remove_instance(name, now)
                 del self.records[(gpu, name)]
-        return effects
+                dropped = True
+        return effects + self.promote(now) if dropped else effects
 
     def next_wakeup(self) -> int | None:
         """The earliest time :meth:`tick` has something to do (asked after every burst of messages)."""

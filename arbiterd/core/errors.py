@@ -41,6 +41,13 @@ class NotFoundError(CoreError):
     http_status = 404
 
 
+class BusyError(CoreError):
+    """A tenant already holds as much of a bounded resource as it may (connections, records)."""
+
+    code = "busy"
+    http_status = 429
+
+
 class IdentityError(CoreError):
     """A client tried to act as an instance it does not belong to."""
 

@@ -1,24 +1,29 @@
 """``inst_ctl``: provisioning instance records through the settings tree.
 
-    create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]
+    create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE] [uid=N]
     remove ID [gpu=N]
 
-Reading the file lists the provisioned records, one a line, in the form a
-``create`` takes.
+``uid=N`` makes ID an instance for host processes of uid N (they declare it
+with ``CGPU_INSTANCE``); no container, and no other uid, may use it. Reading the
+file lists the provisioned records, one a line, in the form a ``create`` takes.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from arbiterd.core.arbiter import Arbiter, valid_instance_id
+from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
 from arbiterd.core.errors import SettingError
+from arbiterd.core.names import valid_instance_id
 from arbiterd.core.settings import INSTANCE, InstanceSettings
 
-USAGE = ("inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE]' "
+USAGE = ("inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE] [uid=N]' "
          "or 'remove ID [gpu=N]'")
 _OPTION = {"weight": "weight", "core": "core_percent", "highprio": "highprio", "memsize": "memsize"}
+_CONTAINER_LIKE = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}")  # what a container's instance id looks like
+UID_MAX = 2**32 - 2  # (uid_t)-1 means "no uid"
 
 
 def listing(arb: Arbiter) -> str:
@@ -26,7 +31,9 @@ def listing(arb: Arbiter) -> str:
     for (gpu, name), rec in sorted(arb.records.items()):
         if rec.provisioned:
             st = arb.scheds[gpu].instances[name]
-            lines.append(f"{name} gpu={gpu} weight={st.weight} highprio={int(st.highprio)} memsize={rec.memsize}")
+            uid = f" uid={rec.host_uid}" if rec.host_uid is not None else ""
+            lines.append(f"{name} gpu={gpu} weight={st.weight} highprio={int(st.highprio)} memsize={rec.memsize}"
+                         f"{uid}")
     return "".join(line + "\n" for line in lines)
 
 
@@ -51,7 +58,7 @@ def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
         raise SettingError(USAGE)
     verb, name, rest = words[0], valid_instance_id(words[1]), words[2:]
     opts: dict[str, str] = {}
-    allowed = {"gpu", *_OPTION} if verb == "create" else {"gpu"}
+    allowed = {"gpu", "uid", *_OPTION} if verb == "create" else {"gpu"}
     for word in rest:
         key, sep, val = word.partition("=")
         if not sep or key not in allowed or key in opts:
@@ -62,8 +69,18 @@ def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
         return arb.unprovision(name, gpus, now)
     if "core" in opts and "weight" in opts:
         raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
+    uid = _uid(name, opts.pop("uid")) if "uid" in opts else None
     values = {_OPTION[k]: INSTANCE[_OPTION[k]].parse(v) for k, v in opts.items()}
-    return arb.provision(name, gpus if gpus is not None else sorted(arb.scheds), InstanceSettings(**values), now)
+    return arb.provision(name, gpus if gpus is not None else sorted(arb.scheds), InstanceSettings(**values), now,
+                         host_uid=uid)
+
+
+def _uid(name: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > UID_MAX:
+        raise SettingError(f"uid: expected a number 0..{UID_MAX}, got {text!r}")
+    if _CONTAINER_LIKE.fullmatch(name):
+        raise SettingError(f"inst_ctl create: {name} looks like a container id; a host instance needs another name")
+    return int(text)
 
 
 __all__ = ["listing", "run"]

@@ -40,6 +40,8 @@ class InstanceState:
     leases: int = 0  # leases it holds now (one, or one per client under the native policy)
     served: int = 0  # sequence number of its last grant: ties go to the least recently served
     handover_ns: int = -1  # its own expected hand-over: a running mean of its leases' (-1: none yet)
+    claimed_ns: int = -1  # what its clients report a hand-over costs: a running mean, unclamped (-1: none yet)
+    handovers: int = 0  # hand-overs measured for it (its running means start as plain means)
     extension_ns: int = -1  # what its turns are lengthened by now (-1: the GPU's, until it has its own)
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Collection
 
+from arbiterd.core.accounting import SAMPLE_MAX_NS
 from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
 from arbiterd.core.entitlement import Entitlement
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
@@ -36,6 +37,13 @@ from arbiterd.core.policies import NATIVE, HighPriority, Policy, make_policy
 from arbiterd.core.settings import GPU, INSTANCE, GpuSettings, check_gpu_settings
 
 OWN_HANDOVER_LEASES = 16  # an instance's expected hand-over is a running mean over about this many leases
+# A lease's hand-over is credited up to CAP_OTHERS x the lower quartile of what the other instances' clients report
+# theirs cost; while no other instance has reported one, up to CAP_TARGETS x handover_target_pct of the slice that
+# auto would choose (or the pinned one, if longer), plus CAP_FLOOR_NS. What a client claims beyond that wins it
+# nothing (see credit_cap).
+CAP_OTHERS = 3
+CAP_TARGETS = 1.5
+CAP_FLOOR_NS = 100_000
 
 
 class GpuScheduler(GpuState):
@@ -147,9 +155,10 @@ class GpuScheduler(GpuState):
         return bool(inst.waiters) or inst.leases > 0
 
     # -------------------------------------------------------------- instances
-    def add_instance(self, name: str, weight: int, highprio: bool, now: int, requested: int | None = None
-                     ) -> list[Effect]:
-        """Register an instance. ``weight`` 0 means it never gets GPU time; ``requested``: what it asked for."""
+    def add_instance(self, name: str, weight: int, highprio: bool, now: int, requested: int | None = None,
+                     switch: bool = True) -> list[Effect]:
+        """Register an instance. ``weight`` 0 means it never gets GPU time; ``requested``: what it asked for;
+        ``switch``: its weight may switch the GPU's policy (behaviour §3), as when an operator provisions it."""
         if name in self.instances:
             raise ConflictError(f"instance {name} already exists on GPU {self.index}")
         if weight != 0:
@@ -162,8 +171,8 @@ class GpuScheduler(GpuState):
         self.instances[name] = inst
         self.hp.changed()
         self.policy.changed(now)
-        switch = self.policy.weight_switch(weight)
-        effects = self.set_policy(switch, now) if switch is not None else self._schedule(now)
+        to = self.policy.weight_switch(weight) if switch else None
+        effects = self.set_policy(to, now) if to is not None else self._schedule(now)
         self._reshare(now)
         return effects
 
@@ -463,24 +472,57 @@ class GpuScheduler(GpuState):
     def _measure(self, lease: Lease, now: int, used_ns: int, warmup_ns: int) -> None:
         """One lease's hand-over: what nobody could use of it. Billed to nobody; feeds the meter.
 
+        Its transit (``used_ns``) and warm-up are the client's word: they are credited only up to
+        :meth:`credit_cap`, which the daemon derives from the slice it sized and from the other tenants,
+        so a client that claims more gains nothing by it, and sizes neither the slice nor its own turns.
         A renewal (the same instance again, at once: alone, or a second turn in a row) changed no hands:
         what it lost is not billed either, but it neither sizes the slice nor lengthens the instance's
         turns, which must pay for real hand-overs (an instance alone for a while would otherwise come
         back to contention with a slice and turns sized for none)."""
         overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
+        cap = self.credit_cap(lease.inst)
+        if not lease.renewal:
+            inst = lease.inst
+            inst.handovers += 1
+            claim = min(overhead, SAMPLE_MAX_NS)
+            inst.claimed_ns = _running_mean(inst.claimed_ns, claim, inst.handovers)
+        if overhead > cap:
+            overhead = cap
+            warmup_ns = min(warmup_ns, cap)
         if not lease.renewal and self.handover.observe(overhead, warmup_ns):
             self._refresh_slice(now)
-        kept = self.handover.discount(overhead)
+        kept = min(self.handover.discount(overhead), cap)
         lease.discount_ns = min(kept, now - lease.granted_ns)
         if not self.policy.concurrent and not lease.renewal:
             self._follow_own_handover(lease.inst, kept, now)
+
+    def credit_cap(self, inst: InstanceState) -> int:
+        """The most of one lease's hand-over (its transit and warm-up: the client's word) credited to ``inst``.
+
+        CAP_OTHERS x the lower quartile of what the other instances' clients report their hand-overs cost (the
+        least of them, up to four others); while no other has reported one, CAP_TARGETS x handover_target_pct of
+        the slice ``auto`` would choose from what was credited so far (of the longest it may choose, before
+        anything was), or of the slice in force if longer, plus CAP_FLOOR_NS.
+
+        A lie is thus credited at most CAP_OTHERS times what an honest tenant pays, and tenants that lie together
+        cannot raise each other's bound unless they are three in four; at the defaults the auto slice stretches
+        with what is credited, so a liar's gain stays within about 2 % of its lease (tests/security/
+        test_claims.py). An honest tenant whose hand-over is more than CAP_OTHERS times the others' pays the excess
+        itself. A tenant that reports less than it pays lowers the others' bound, but loses as much itself."""
+        others = sorted(i.claimed_ns for i in self.instances.values() if i is not inst and i.claimed_ns >= 0)
+        if others:
+            return others[(len(others) - 1) // 4] * CAP_OTHERS
+        s = self.settings
+        auto = (s.slice_max_ms * NS_PER_MS if inst.handovers == 0 and not self.handover.count
+                else self.handover.auto_slice_ns(s.handover_target_pct, s.slice_min_ms, s.slice_max_ms))
+        return int(max(self.slice_ns, auto) * s.handover_target_pct * CAP_TARGETS) // 100 + CAP_FLOOR_NS
 
     def _follow_own_handover(self, inst: InstanceState, kept: int, now: int) -> None:
         """An instance's turns are lengthened by its own expected hand-over: one process may pay more than
         another (one that wakes after the GPU idled, a slow starter), and the GPU's mean would leave it short
         and the others long. A running mean of its bounded overheads; the extension follows it once it has
         moved by 5 % and 20 µs, so rings are not rebuilt for every sample."""
-        own = kept if inst.handover_ns < 0 else inst.handover_ns + (kept - inst.handover_ns) // OWN_HANDOVER_LEASES
+        own = _running_mean(inst.handover_ns, kept, inst.handovers)
         inst.handover_ns = own
         own = max(0, own)
         moved = abs(own - inst.extension_ns)
@@ -551,6 +593,13 @@ class GpuScheduler(GpuState):
             return []
         picked = self.hp.pick(now)
         return picked if picked is not None else self.policy.pick(now)
+
+
+def _running_mean(mean: int, sample: int, n: int) -> int:
+    """A running mean over about OWN_HANDOVER_LEASES samples; over the first ones, their plain mean."""
+    if mean < 0 or n <= 1:
+        return sample
+    return mean + (sample - mean) // min(n, OWN_HANDOVER_LEASES)
 
 
 __all__ = ["NATIVE", "GpuScheduler", "GpuSettings", "SettingError"]

@@ -94,6 +94,10 @@ class SimInstance:
     workload: Workload = field(default_factory=busy)
     clients: int = 1
     warm_ns: int = 0  # this instance's warm-up on top of the hand-over's (a process slow to get going)
+    # a lying client: warm-up it claims on every release on top of what it lost, and transit it claims (the
+    # time it says it held the lease is short by this much)
+    claim_warmup_ns: int = 0
+    claim_transit_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -242,7 +246,8 @@ class Simulation:
         if sw == SwitchCost():
             effects, _ = self.sched.release(c.cid, lease, self.now, again=again)
             return effects
-        report = (self.now - c.got_at, c.lost_ns if sw.report else 0)
+        report = (self.now - c.got_at - c.inst.claim_transit_ns,
+                  (c.lost_ns if sw.report else 0) + c.inst.claim_warmup_ns)
         return self._to_daemon(c, "release", (lease, int(again), *report))
 
     def _to_daemon(self, c: _Client, kind: str, payload: tuple[int, ...]) -> list[Effect]:

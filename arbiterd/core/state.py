@@ -1,70 +1,150 @@
 """Snapshot and restore of everything an operator can set (for the state file).
 
 The document holds every setting of the tables in settings.py, so a setting
-added there is saved and restored with no change here.
+added there is saved and restored with no change here. ``restore(snapshot(a))``
+gives back ``a``'s settings and records for every state the daemon can reach,
+weight-0 records included (tests/core/test_state_roundtrip.py).
+
+Restore is per item: a global, a GPU setting, an instance record or an
+allocation that fails its checks is skipped on its own and named in the
+returned warnings, and everything else is kept. Items for GPUs this host does
+not have now (a card out for repair, a driver that failed to load) are kept
+aside as they were and written back by every later snapshot, so no operator's
+setting is lost while its GPU is away.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from arbiterd.core.arbiter import Arbiter, valid_instance_id
+from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.errors import CoreError, SettingError
-from arbiterd.core.settings import GLOBAL, GPU, INSTANCE, InstanceSettings
+from arbiterd.core.names import valid_instance_id
+from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
 
+log = logging.getLogger("arbiterd.core")
 STATE_VERSION = 1
 INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight, highprio, memsize
+_BAD = (CoreError, KeyError, TypeError, ValueError, AttributeError)
 
 
 def snapshot(arb: Arbiter) -> dict[str, Any]:
-    """A JSON-able document of every setting and instance record."""
+    """A JSON-able document of every setting and instance record (and those kept for absent GPUs)."""
     gpus = {str(idx): {k: s.external(getattr(sched.settings, k)) for k, s in GPU.items()}
             for idx, sched in sorted(arb.scheds.items())}
+    gpus.update(arb.absent.gpus)
     instances = []
     for (gpu, name), rec in sorted(arb.records.items()):
         st = arb.scheds[gpu].instances[name]
-        instances.append({"id": name, "gpu": gpu, "weight": st.weight, "highprio": int(st.highprio),
-                          "memsize": rec.memsize, "provisioned": rec.provisioned})
+        item: dict[str, Any] = {"id": name, "gpu": gpu, "weight": st.weight, "highprio": int(st.highprio),
+                                "memsize": rec.memsize, "provisioned": rec.provisioned}
+        if st.weight == 0:
+            item["requested"] = st.requested
+        if rec.host_uid is not None:
+            item["uid"] = rec.host_uid
+        if rec.creator_uid is not None:
+            item["creator_uid"] = rec.creator_uid
+        instances.append(item)
     return {
         "version": STATE_VERSION,
         **{k: getattr(arb.globals, k) for k in GLOBAL},
-        "gpus": gpus,
-        "instances": instances,
-        "allocations": arb.allocations.snapshot(),
+        "gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
+        "instances": sorted(instances + arb.absent.instances, key=lambda i: (int(i["gpu"]), str(i["id"]))),
+        "allocations": sorted(arb.allocations.snapshot() + arb.absent.allocations, key=lambda a: str(a["id"])),
     }
 
 
 def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
-    """Apply a snapshot to a fresh arbiter. Raises SettingError on a malformed document.
+    """Apply a snapshot to a fresh arbiter; one warning per item skipped because it failed its checks.
 
-    GPUs in the document that this host does not have are skipped and named in
-    the returned warnings.
+    Raises SettingError only when ``doc`` is not a state document at all (not a map, another version).
     """
     if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
         raise SettingError(f"state: expected a document of version {STATE_VERSION}")
     warnings: list[str] = []
-    try:
-        for k, spec in GLOBAL.items():
+    for k, spec in GLOBAL.items():
+        try:
             arb.set_global(k, doc.get(k, spec.default))
-        for key, vals in dict(doc.get("gpus", {})).items():
-            gpu = int(key)
+        except _BAD as exc:
+            warnings.append(f"state: {k} skipped ({_why(exc)})")
+    gpus = doc.get("gpus", {})
+    if not isinstance(gpus, dict):
+        warnings.append("state: gpus skipped (not a map)")
+        gpus = {}
+    for key, vals in gpus.items():
+        warnings += _restore_gpu(arb, key, vals, now)
+    items = doc.get("instances", [])
+    for item in items if isinstance(items, list) else []:
+        try:
+            gpu = int(item["gpu"])
             if gpu not in arb.scheds:
-                warnings.append(f"state: GPU {gpu} is not on this host; its settings are skipped")
+                arb.absent.instances.append(item)
                 continue
-            sched = arb.scheds[gpu]
-            for k, spec in GPU.items():
-                if k in vals:
-                    sched.set(k, spec.check(vals[k]), now)
-        for item in list(doc.get("instances", [])):
-            gpu, name = int(item["gpu"]), valid_instance_id(str(item["id"]))
-            if gpu not in arb.scheds:
+            _restore_record(arb, gpu, item, now)
+        except _BAD as exc:
+            warnings.append(f"state: instance record {_label(item)} skipped ({_why(exc)})")
+    allocs = doc.get("allocations", [])
+    totals = {g: info.total_mem for g, info in arb.gpus.items()}
+    for item in allocs if isinstance(allocs, list) else []:
+        try:
+            if any(int(g) not in totals for g in item["gpus"]):
+                arb.absent.allocations.append(item)
                 continue
-            s = InstanceSettings(**{k: INSTANCE[k].check(item[k]) for k in INSTANCE_KEYS})
-            arb.create_instance(gpu, name, s, now, provisioned=bool(item["provisioned"]))
-        totals = {g: info.total_mem for g, info in arb.gpus.items()}
-        warnings += arb.allocations.restore(list(doc.get("allocations", [])), totals)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SettingError(f"state: malformed document ({exc.__class__.__name__}: {exc})") from None
-    except CoreError as exc:
-        raise SettingError(f"state: {exc}") from None
+            arb.allocations.restore_one(item, totals)
+        except _BAD as exc:
+            warnings.append(f"state: allocation {_label(item)} skipped ({_why(exc)})")
+    if arb.absent:
+        log.warning("state: settings of GPU(s) %s are kept for when the GPU is back: this host does not have it "
+                    "now", ", ".join(sorted(arb.absent.gpu_names())))
     return warnings
+
+
+def _restore_gpu(arb: Arbiter, key: Any, vals: Any, now: int) -> list[str]:
+    try:
+        gpu = int(key)
+    except (TypeError, ValueError):
+        return [f"state: gpus.{key!s:.40} skipped (not a GPU index)"]
+    if gpu not in arb.scheds:
+        arb.absent.gpus[str(key)] = vals
+        return []
+    if not isinstance(vals, dict):
+        return [f"state: GPU {gpu} settings skipped (not a map)"]
+    warnings = []
+    sched = arb.scheds[gpu]
+    for k, spec in GPU.items():  # in table order: slice_min_ms is put back before slice_max_ms
+        if k in vals:
+            try:
+                sched.set(k, spec.check(vals[k]), now)
+            except _BAD as exc:
+                warnings.append(f"state: GPU {gpu} {k} skipped ({_why(exc)})")
+    return warnings
+
+
+def _restore_record(arb: Arbiter, gpu: int, item: dict[str, Any], now: int) -> None:
+    name = valid_instance_id(item["id"])
+    weight = item["weight"]
+    if weight == 0 and type(weight) is int:  # admitted while free_weight was 0 (overcommit = queue)
+        requested = INSTANCE["weight"].check(item["requested"])
+    else:
+        weight = requested = INSTANCE["weight"].check(weight, arb.scheds[gpu].settings.max_inst)
+    uid, creator = item.get("uid"), item.get("creator_uid")
+    for v in (uid, creator):
+        if v is not None and (type(v) is not int or v < 0):
+            raise SettingError(f"a uid is a number >= 0, got {v!r}")
+    if type(item["provisioned"]) is not bool:
+        raise SettingError(f"provisioned: expected true or false, got {item['provisioned']!r}")
+    arb.restore_record(gpu, name, weight, requested, INSTANCE["highprio"].check(item["highprio"]),
+                       INSTANCE["memsize"].check(item["memsize"]), item["provisioned"], uid, creator, now)
+
+
+def _label(item: Any) -> str:
+    if isinstance(item, dict):
+        return f"{str(item.get('id'))[:60]!r}" + (f" on GPU {item['gpu']}" if "gpu" in item else "")
+    return f"{str(item)[:60]!r}"
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"no {exc.args[0]!r}"
+    return str(exc) or exc.__class__.__name__

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from arbiterd import __version__
 from arbiterd.core import allocctl, instctl
-from arbiterd.core.arbiter import Arbiter, InstanceRecord, valid_instance_id
+from arbiterd.core.arbiter import Arbiter, InstanceRecord
 from arbiterd.core.effects import NS_PER_MS, Effect
 from arbiterd.core.errors import NotFoundError, ReadOnlyError, SettingError
+from arbiterd.core.names import valid_instance_id
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
 
@@ -120,6 +121,11 @@ def read(arb: Arbiter, path: str, now: int) -> str:
 
 def write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
     """Apply ``value`` to the file at ``path``; refuse with a one-line reason."""
+    effects = _write(arb, path, value, now)
+    return effects + arb.promote(now)  # weight it freed goes to instances waiting at weight 0
+
+
+def _write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
     if "\n" in value.strip():
         raise SettingError("expected a single line")
     if is_dir(arb, path):

@@ -1,30 +1,38 @@
-"""One client connection on ``arbiter.sock``: framing, handshake and request dispatch.
+"""One client connection on ``arbiter.sock``: who it is, framing, handshake and request dispatch.
 
-Errors never leave this module: a malformed or oversized frame gets an
-``error`` message and the connection is closed; a refused request gets an
-``error`` reply (its code from the error's type) and the connection stays.
-Other clients are never touched.
+Who the peer is (its container, or its uid on the host) is fixed when it
+connects (identity.py); a peer that cannot be told, or whose tenant already
+holds as many connections as it may, is refused at once. Errors never leave
+this module: a malformed or oversized frame gets an ``error`` message and the
+connection is closed; a refused request gets an ``error`` reply (its code from
+the error's type) and the connection stays. Other clients are never touched:
+requests are handled under each tenant's share of the loop (intake.py), and a
+connection that leaves more than ``max_unread_bytes`` of replies unread is
+closed and its buffer freed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from arbiterd import __version__
-from arbiterd.core.errors import CoreError
+from arbiterd.core.errors import CoreError, IdentityError
 from arbiterd.core.settings import INSTANCE, InstanceSettings
 from arbiterd.server import status as status_mod
 from arbiterd.server.hub import Hub
+from arbiterd.server.identity import Peer, peer_pidfd
+from arbiterd.server.intake import REGISTER_COST, STATS_COST, Account
 from libcgpu_client import protocol as p
 
-log = logging.getLogger("arbiterd.clients")
+_EAGER_BYTES = 4096  # a read up to this size is decoded whole; a longer one frame by frame
 _PEERCRED = struct.Struct("3i")
 
 
@@ -50,8 +58,12 @@ class ClientConnection(asyncio.Protocol):
         self.cid = 0
         self.pid = 0
         self.uid = -1
+        self.peer = Peer(0, -1)
+        self.instance: str | None = None  # set by register
         self.greeted = False
         self.closed = False
+        self._backlog: Iterator[Any] | None = None  # requests read but left for the next turn (intake.py)
+        self.account = Account()  # its tenant's count of requests in this turn (shared once it is let in)
         self.opened_ns = time.monotonic_ns()
         self.arrived_ns = self.opened_ns  # when the last whole message arrived: what its request is timed by
         self.partial_since_ns = 0  # when the frame still arriving began to arrive (0: none is)
@@ -59,22 +71,88 @@ class ClientConnection(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-        self.pid, self.uid, _ = peer_credentials(self.transport.get_extra_info("socket"))
+        sock = self.transport.get_extra_info("socket")
+        self.pid, self.uid, _ = peer_credentials(sock)
         hub = self.hub
-        if len(hub.peers) >= hub.config.max_clients:
-            log.warning("refusing client pid %d: %d clients connected (max_clients)", self.pid, len(hub.peers))
-            self.fail("busy", f"too many clients: the daemon allows {hub.config.max_clients}")
+        try:
+            self.peer = hub.identity.peer(self.pid, self.uid, peer_pidfd(sock))
+        except IdentityError as exc:
+            hub.client_log.log(f"refused identity uid-{self.uid}", logging.WARNING,
+                               "refusing client pid %d (uid %d): %s", self.pid, self.uid, exc)
+            hub.counters.refused["identity"] += 1
+            self.fail("identity", str(exc))
             return
+        why = hub.admit(self.peer)
+        if why is not None:
+            reason, message = why
+            hub.client_log.log(f"refused {reason} {self.peer.tenant}", logging.WARNING,
+                               "refusing client pid %d (uid %d): %s", self.pid, self.uid, message)
+            hub.counters.refused[reason] += 1
+            self.fail("busy", message)
+            return
+        self.transport.set_write_buffer_limits(high=hub.config.max_unread_bytes)
+        self.account = hub.intake.account(self.peer.tenant)
         self.cid = hub.attach(self)
         hub.arbiter.connect(self.cid, self.pid, self.uid)
 
-    def data_received(self, data: bytes) -> None:
+    def pause_writing(self) -> None:
+        """The replies this client has not read passed ``max_unread_bytes``: it is closed, its buffer freed."""
+        if self.closed or self.transport is None:
+            return
+        self.hub.client_log.log(f"unread {self.peer.tenant}", logging.WARNING,
+                                "client %d (pid %d): more than %d bytes of replies unread; closing", self.cid,
+                                self.pid, self.hub.config.max_unread_bytes)
+        self.hub.counters.refused["unread"] += 1
+        self.closed = True
+        self._backlog = None
+        self.transport.abort()
+
+    def resume_writing(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        """Intake's next turn: serve the requests left over, then read again."""
+        backlog, self._backlog = self._backlog, None
+        if self.closed or backlog is None:
+            return
+        self.data_received(b"", backlog)
+        if self._backlog is None and not self.closed and self.transport is not None:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes, backlog: Iterator[Any] | None = None) -> None:
+        """Handle the requests in ``data`` (or, from :meth:`resume`, those left in ``backlog``) in order while
+        this client's tenant has requests left in this turn of the loop; leave the rest for its next turn,
+        reading paused meanwhile (intake.py). One method, with each request handled inline: it is the grant
+        path, and the count costs it an addition."""
         if self.closed:
+            return
+        frames: Iterable[Any]
+        if backlog is not None:
+            frames = backlog
+        elif self._backlog is not None:  # requests still wait for their turn: these queue behind them, undecoded
+            self._backlog = itertools.chain(self._backlog, self.decoder.stream(data))
+            return
+        elif len(data) > _EAGER_BYTES:  # many requests at once: decoded one by one, as the tenant's turn allows
+            frames = self.decoder.stream(data)
+        else:
+            try:
+                frames = self.decoder.feed(data)  # the grant path: a frame or two, decoded in one call
+            except p.ProtocolError as exc:
+                self._bad_frame(exc)
+                return
+        acct, intake = self.account, self.hub.intake
+        if acct.turn != intake.turn:  # a new turn: its count starts again
+            acct.turn, acct.used = intake.turn, 0
+        used, limit = acct.used, intake.limit
+        it = iter(frames)
+        if used >= limit:  # its turn is spent already: all of these wait, undecoded if they came in bulk
+            self._defer(it)
             return
         last = self.arrived_ns
         try:
-            for raw in self.decoder.feed(data):
+            for raw in it:
                 self.arrived_ns = time.monotonic_ns()
+                used += 1
                 try:
                     msg = p.decode(raw, p.C2S)
                 except p.ProtocolError as exc:
@@ -84,11 +162,13 @@ class ClientConnection(asyncio.Protocol):
                     continue
                 if not self.greeted:
                     self.greet(msg)
-                else:  # a request's handler, run here rather than through one more call (twice per grant)
+                else:
                     try:
                         handler = _HANDLERS.get(type(msg))
                         if handler is None:
                             raise p.ProtocolError("bad_request", f"{msg.OP} is not a request")
+                        if handler in _COSTLY:
+                            used += _COSTLY[handler]
                         handler(self, msg)
                     except CoreError as exc:  # refused: answered, and the connection stays
                         self.send(p.Error(exc.code, str(exc), getattr(msg, "id", None)))
@@ -96,17 +176,36 @@ class ClientConnection(asyncio.Protocol):
                         self.send(p.Error(exc.code, exc.message, getattr(msg, "id", None)))
                 if self.closed:
                     return
-            if not self.decoder.pending_bytes:
-                self.partial_since_ns = 0
-            elif not self.partial_since_ns or self.arrived_ns != last:  # a frame began in this read
-                self.partial_since_ns = time.monotonic_ns()
+                if used >= limit:  # its turn is spent: what is left (perhaps nothing) waits
+                    self._defer(it)
+                    return
         except p.ProtocolError as exc:
-            log.info("client %d (pid %d): %s; closing", self.cid, self.pid, exc.message)
-            self.hub.counters.bad_frames += 1
-            self.fail(exc.code, exc.message)
+            self._bad_frame(exc)
+            return
+        finally:
+            acct.used = used
+            if used * 2 >= limit:
+                intake.renew_soon()
+        if not self.decoder.pending_bytes:
+            self.partial_since_ns = 0
+        elif not self.partial_since_ns or self.arrived_ns != last:  # a frame began in this read
+            self.partial_since_ns = time.monotonic_ns()
+
+    def _defer(self, rest: Iterator[Any]) -> None:
+        self._backlog = rest
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.hub.intake.defer(self)
+
+    def _bad_frame(self, exc: p.ProtocolError) -> None:
+        self.hub.client_log.log(f"bad_frame {self.peer.tenant}", logging.INFO, "client %d (pid %d): %s; closing",
+                                self.cid, self.pid, exc.message)
+        self.hub.counters.bad_frames += 1
+        self.fail(exc.code, exc.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._backlog = None
         if self.cid:
             self.hub.detach(self.cid)
 
@@ -125,8 +224,13 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
     def partial_for_ns(self, now_ns: int) -> int:
-        """How long the frame still arriving has been arriving (0: none is)."""
-        return now_ns - self.partial_since_ns if self.partial_since_ns else 0
+        """How long the frame still arriving has been arriving (0: none is, or requests wait for their turn)."""
+        return now_ns - self.partial_since_ns if self.partial_since_ns and self._backlog is None else 0
+
+    def idle_for_ns(self, now_ns: int) -> int:
+        """How long a greeted connection has sent nothing without registering (0: it registered, or has not
+        said hello: the handshake timeout covers that)."""
+        return now_ns - self.arrived_ns if self.greeted and self.instance is None else 0
 
     # requests ----------------------------------------------------------------
     def greet(self, msg: p.Message) -> None:
@@ -146,8 +250,11 @@ class ClientConnection(asyncio.Protocol):
 
     def register(self, msg: p.Register) -> None:
         hub = self.hub
-        ident = hub.identity.identify(self.pid, msg.instance)
+        if self.instance is not None:
+            raise IdentityError(f"this connection is already registered as {self.instance}")
+        ident = hub.identity.identify(self.peer, msg.instance, hub.arbiter.host_owner)
         instance = ident.instance
+        hub.admit_instance(self.peer, instance)
         gpus = [hub.gpu_index(g) for g in msg.gpus]
         memsize = msg.memsize or []
         requested: dict[int, InstanceSettings] = {}
@@ -158,15 +265,20 @@ class ClientConnection(asyncio.Protocol):
             if msg.core_percent is not None:
                 values["core_percent"] = msg.core_percent
             requested[gpu] = InstanceSettings(**{k: INSTANCE[k].check(v) for k, v in values.items()})
-        bound = hub.bind(self.pid, ident)
+        bound = hub.bind(self.peer, ident)
         notes: list[str] = []
         if bound is not None and sorted(set(gpus)) != bound.gpus:
             notes.append(f"GPU {','.join(map(str, bound.gpus))} from allocation {', '.join(bound.allocations)} "
                          f"(asked for GPU {','.join(map(str, gpus))})")
             gpus = bound.gpus
-        reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns())
+        counted = self.peer.uid if self.peer.container is None and self.peer.uid > 0 else None  # root: trusted
+        reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns(),
+                                            host_uid=ident.host_uid, creator_uid=counted)
+        self.instance = instance
+        hub.registered(self)
         for w in reg.warnings:
-            log.warning("client %d (pid %d): %s", self.cid, self.pid, w)
+            hub.client_log.log(f"warned {instance} {w[:60]}", logging.WARNING, "client %d (pid %d): %s", self.cid,
+                               self.pid, w)
         self.send(p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus],
                                notes + reg.warnings))
         hub.apply(effects)
@@ -199,15 +311,29 @@ class ClientConnection(asyncio.Protocol):
         self.send(p.Ok(msg.id, dec.used, dec.limit))
 
     def stats(self, msg: p.Stats) -> None:
-        """This client's GPUs, showing only its own instance (nothing of other tenants)."""
-        info = self.hub.arbiter.client(self.cid)
-        gpus = []
-        for g in self.status().to_json()["gpus"]:
-            if g["index"] in info.gpus:
-                g["instances"] = [i for i in g["instances"] if i["id"] == info.instance]
-                gpus.append(g)
+        """This client's GPUs, showing only its own instance (nothing of other tenants), from a status at most
+        STATS_MAX_AGE_NS old: however many clients ask, the daemon builds it at most ten times a second."""
+        hub = self.hub
+        info = hub.arbiter.client(self.cid)
+        now = time.monotonic_ns()
+        cached = hub.stats_cache
+        if cached is None or now - cached[0] > STATS_MAX_AGE_NS:
+            cached = hub.stats_cache = (now, self.status().to_json())
+        gpus = [{**{k: v for k, v in g.items() if k in STATS_GPU_FIELDS},
+                 "instances": [i for i in g["instances"] if i["id"] == info.instance]}
+                for g in cached[1]["gpus"] if g["index"] in info.gpus]
         self.send(p.StatsReply(msg.id, gpus))
 
+
+# requests that cost the daemon much more than a grant, and count as that many more (intake.py)
+_COSTLY: dict[Callable[[ClientConnection, Any], None], int] = {
+    ClientConnection.stats: STATS_COST - 1, ClientConnection.register: REGISTER_COST - 1}
+STATS_MAX_AGE_NS = 100_000_000
+# what a client learns of a GPU: what it is and how it is set, nothing that sums the other tenants' activity
+# (memory in use, grants, busy time, free weight, allocations, measured hand-overs)
+STATS_GPU_FIELDS = frozenset({"index", "uuid", "name", "simulated", "total_mem", "policy", "policy_name", "max_inst",
+                              "prio_ratio", "slice_ms", "slice_effective_ms", "slice_min_ms", "slice_max_ms",
+                              "handover_target_pct", "overrun_ms"})
 
 # each request's handler, by its message class: one lookup instead of a chain of isinstance tests per message
 _HANDLERS: dict[type[p.Message], Callable[[ClientConnection, Any], None]] = {

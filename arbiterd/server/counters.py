@@ -9,6 +9,9 @@ GRANT_LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5
                          2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, float("inf"))
 # the same bounds in whole ns (each is one), so a grant is counted with integers only
 _BOUNDS_NS = tuple(round(b * 1e9) for b in GRANT_LATENCY_BUCKETS[:-1])
+# identity: who it is could not be told; busy: max_clients; uid, instance: that tenant's cap; unread: replies
+# left unread past max_unread_bytes; idle: greeted but never registered
+REFUSALS = ("identity", "busy", "uid", "instance", "unread", "idle")
 
 
 @dataclass(slots=True)
@@ -18,6 +21,8 @@ class Counters:
     grant_latency_ns: int = 0
     revokes_sent: int = 0
     bad_frames: int = 0
+    # connections refused or closed to protect the others, by reason
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
 
     def granted(self, waited_ns: int) -> None:
         """A grant went out after its request waited ``waited_ns``."""

@@ -115,3 +115,10 @@ class ArbiterCollector(Collector):
         bad = CounterMetricFamily("cgpu_bad_frames", "Connections closed for a malformed frame")
         bad.add_metric([], c.bad_frames)
         yield bad
+        refused = CounterMetricFamily("cgpu_clients_refused", "Connections refused or closed to protect the other "
+                                      "clients, by reason (identity: who it is could not be told; busy: max_clients; "
+                                      "uid, instance: that tenant's cap; unread: replies left unread past "
+                                      "max_unread_bytes; idle: never registered)", labels=["reason"])
+        for reason, n in c.refused.items():
+            refused.add_metric([reason], n)
+        yield refused

@@ -57,6 +57,18 @@ class StateStore:
         except ValueError as exc:
             return None, self.set_aside(f"not valid JSON ({exc})")
 
+    def keep_copy(self, why: str) -> str:
+        """Copy the state file beside itself (``state.json.bad-<time>``), leaving it in place; the problem."""
+        bad = self.path.with_name(f"{STATE_FILE}.bad-{int(time.time())}")
+        try:
+            data = self.path.read_bytes()
+            fd = os.open(bad, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return f"state file {self.path}: {why}; the rest is in force, and the file as it was is kept as {bad}"
+        except OSError as exc:
+            return f"state file {self.path}: {why}; the rest is in force (no copy made: {exc.strerror})"
+
     def set_aside(self, why: str) -> str:
         bad = self.path.with_name(f"{STATE_FILE}.bad-{int(time.time())}")
         try:

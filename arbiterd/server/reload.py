@@ -6,12 +6,12 @@ import logging
 import time
 from typing import Any
 
-from arbiterd.core.effects import NS_PER_S, Effect
+from arbiterd.core.effects import Effect
 from arbiterd.core.errors import CoreError
 from arbiterd.core.settings import GPU
 from arbiterd.server import config as config_mod
 from arbiterd.server.config import OPTIONS, Config
-from arbiterd.server.hub import Hub
+from arbiterd.server.hub import Hub, arbiter_config
 from arbiterd.server.identity import IdentityResolver
 
 log = logging.getLogger("arbiterd")
@@ -53,10 +53,11 @@ def reload(hub: Hub, flags: dict[str, Any]) -> bool:
 
 def _apply_options(hub: Hub, old: Config, new: Config) -> None:
     acfg = hub.arbiter.config
-    acfg.trust_client_env = new.trust_client_env
-    acfg.linger_ns = new.linger_s * NS_PER_S
-    acfg.allocations = new.allocations
+    fresh = arbiter_config(new)
+    for name in ("trust_client_env", "linger_ns", "allocations", "overcommit", "clients_shape_gpus",
+                 "max_records_per_uid"):
+        setattr(acfg, name, getattr(fresh, name))
     if new.default_memsize != old.default_memsize:
         hub.arbiter.set_global("default_memsize", config_mod.default_memsize(new))
-    hub.identity = IdentityResolver(new.identity, new.proc_root)
+    hub.identity = IdentityResolver(new.identity, new.proc_root, new.host_clients)
     logging.getLogger().setLevel(new.log_level.upper())

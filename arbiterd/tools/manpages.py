@@ -84,7 +84,8 @@ def _settings() -> str:
     top = [("version", "the daemon's version (read-only)")]
     top += [(n, f"{s.help}; {s.expected} (read-write)") for n, s in GLOBAL.items()]
     top.append(("inst_ctl", "provision instance records: create ID [gpu=0,1] [weight=N | core=P] "
-                            "[highprio=0|1] [memsize=SIZE], or remove ID [gpu=N]; reading lists them"))
+                            "[highprio=0|1] [memsize=SIZE] [uid=N], or remove ID [gpu=N]; uid=N: an instance for "
+                            "host processes of uid N; reading lists them"))
     return ".SS Node\n" + _table(top) + ".SS Per GPU\n" + _table(gpu) + ".SS Per instance\n" + _table(inst)
 
 
@@ -121,10 +122,24 @@ def _arbiterd_extra() -> str:
                                      "does on cGPU hosts (see docs/behaviour.md):") + _settings()
             + ".SH SIGNALS\n" + _table([("SIGTERM, SIGINT", "shut down cleanly; a second signal exits at once"),
                                         ("SIGHUP", "re-read the config file; flags given at start still win")])
+            + ".SH CLIENTS\n" + _para(
+                "Who a client is is fixed when it connects, from the kernel: its PID and uid (SO_PEERCRED) and that "
+                "PID's cgroup, read while the kernel's pidfd pins the process. A process in a container is its "
+                "container (if root made its cgroup); a process outside every container is uid-<uid> or an instance "
+                "provisioned for its uid (inst_ctl create NAME uid=N). A peer whose cgroup cannot be read is "
+                "refused. Connections are capped per uid (--max-clients-per-uid) and per instance "
+                "(--max-clients-per-instance); each tenant's requests are served in turns; a connection that leaves "
+                "more than --max-unread-bytes of replies unread, or says hello and does not register within "
+                "idle_timeout_s, is closed. SECURITY.md has the threat model.")
             + ".SH FILES\n" + _table([("/etc/cgpu/arbiterd.toml", "the config file (--config)"),
-                                      ("/run/cgpu/arbiter.sock", "the client socket"),
+                                      ("/run/cgpu", "the run dir: refused if another non-root user owns it or "
+                                                    "everyone may write it without the sticky bit"),
+                                      ("/run/cgpu/arbiter.sock", "the client socket, 0660, group socket_group"),
                                       ("/run/cgpu/admin.sock", "the admin API (cgpuctl, cgpu-smi, /metrics)"),
-                                      ("/var/lib/cgpu/state.json", "every setting, saved before it takes effect")]))
+                                      ("/var/lib/cgpu/state.json", "every setting, saved before it takes effect; "
+                                                                   "an item that fails its checks at start is "
+                                                                   "skipped and the file kept as "
+                                                                   "state.json.bad-<time>")]))
 
 
 def _cgpuctl_extra() -> str:

@@ -116,6 +116,31 @@ class Decoder:
             return itertools.chain(frames, self._fail(None))
         return frames
 
+    def stream(self, data: bytes | memoryview) -> Iterator[Any]:
+        """:meth:`feed`, lazily: each frame is decoded only when it is asked for, so a reader that stops early
+        (the daemon, when a client's turn is spent) has decoded no more than it handled. Frames of ``data`` are
+        only in order after those of an earlier stream that was run to its end."""
+        view = memoryview(data)
+        unpacker = self._unpacker
+        for start in range(0, len(view), self.max_message):
+            piece = view[start:start + self.max_message]
+            self._fed += len(piece)
+            try:
+                unpacker.feed(piece)
+            except msgpack.BufferFull:
+                raise ProtocolError("too_large", f"frame exceeds {self.max_message} bytes") from None
+            while self._whole < self._fed:
+                try:
+                    frame = unpacker.unpack()
+                except msgpack.OutOfData:
+                    break
+                except _UNDECODABLE as exc:
+                    yield from self._fail(exc)
+                self._whole = unpacker.tell()
+                yield frame
+            if self._fed - self._whole > self.max_message:
+                yield from self._fail(None)
+
     def _feed_chunks(self, data: bytes | memoryview) -> Iterator[Any]:
         view = memoryview(data)
         step = self.max_message

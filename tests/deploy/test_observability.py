@@ -51,7 +51,7 @@ def live() -> Iterator[Scrapes]:
     import tempfile
 
     d = DaemonProc(Path(tempfile.mkdtemp(prefix="ob-", dir="/tmp")) / "d", "--sim-gpus", "2x16GiB",
-                   "--identity", "declared")
+                   "--identity", "declared", "--overcommit", "queue")
     d.tmp.mkdir()
     d.start()
     procs: list[subprocess.Popen[bytes]] = []

@@ -260,7 +260,7 @@ def test_realtime_priority_runs_the_daemon_under_sched_fifo_or_says_why_not(daem
         assert _daemon_policy(d) == os.SCHED_OTHER
         warnings = [line for line in d.read_log().splitlines() if "realtime_priority 3" in line]
         assert len(warnings) == 1 and " WARNING " in warnings[0] and "normal priority" in warnings[0], warnings
-        assert RawClient(d.sock).hello_register("a")["op"] == "registered"
+        assert RawClient(d.sock).hello_register(f"uid-{os.geteuid()}")["op"] == "registered"
         assert d.smi_json()["scheduling"] == "normal"
         d.stop()
     d = daemon_factory.start("--sim-gpus", "1x1GiB", "--realtime-priority", "3", sub="rt")
@@ -271,5 +271,5 @@ def test_realtime_priority_runs_the_daemon_under_sched_fifo_or_says_why_not(daem
     assert _daemon_policy(d) == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
     assert os.sched_getparam(d.proc.pid).sched_priority == 3
     assert "scheduling: SCHED_FIFO priority 3 (realtime_priority)" in log
-    assert RawClient(d.sock).hello_register("a")["op"] == "registered"
+    assert RawClient(d.sock).hello_register(f"uid-{os.geteuid()}")["op"] == "registered"
     assert d.smi_json()["scheduling"] == "SCHED_FIFO 3"

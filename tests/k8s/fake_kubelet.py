@@ -42,6 +42,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.cast import fake_cgroup
 from cgpu_device_plugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from cgpu_device_plugin.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -358,11 +359,9 @@ class FakeKubelet:
         proc = subprocess.Popen([sys.executable, "-c", WAIT_THEN_EXEC, *argv], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **envs, **(env or {})})
-        pdir = self.proc_root / str(proc.pid)
-        pdir.mkdir(parents=True)
-        (pdir / "cgroup").write_text(f"0::/kubepods.slice/kubepods-pod{pod.uid.replace('-', '_')}.slice/"
-                                     f"cri-containerd-{cid}.scope\n")
-        (pdir / "root").symlink_to(rootfs)
+        fake_cgroup(self.proc_root, proc.pid, f"/kubepods.slice/kubepods-pod{pod.uid.replace('-', '_')}.slice/"
+                                              f"cri-containerd-{cid}.scope")
+        (self.proc_root / str(proc.pid) / "root").symlink_to(rootfs)
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.close()

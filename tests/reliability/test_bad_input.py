@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from arbiterd.core import state, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.errors import CoreError
+from bench.hotpath import FakeTransport
 from libcgpu_client.protocol import MESSAGES
 from tests.helpers import BackgroundGate, DaemonProc, RawClient, tool
 
@@ -35,21 +36,7 @@ requests = st.builds(lambda op, fields: {"op": op, **fields}, ops,
                                      values, max_size=6))
 
 
-class Transport:
-    """What a ClientConnection writes to, in process."""
-
-    def __init__(self) -> None:
-        self.out: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_extra_info(self, name: str) -> None:
-        return None
+Transport = FakeTransport  # what a ClientConnection writes to, in process
 
 
 def rss_kib(pid: int) -> int:
@@ -180,7 +167,8 @@ def test_a_frame_is_timed_from_its_first_byte_not_from_the_last_message() -> Non
     from arbiterd.server.daemon import Daemon
 
     async def go() -> None:
-        daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state"))
+        daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state",
+                               idle_timeout_s=3600))
         conn = ClientConnection(daemon.hub, daemon.status)
         conn.connection_made(Transport())  # type: ignore[arg-type]
         conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "h"}))

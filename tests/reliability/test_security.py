@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from arbiterd.core.errors import IdentityError, SettingError
-from arbiterd.core.tree import valid_instance_id
-from arbiterd.server.identity import IdentityResolver, container_id_from_cgroup
+from arbiterd.core.names import valid_instance_id
+from arbiterd.server.identity import IdentityResolver, Peer, container_id_from_cgroup
+from bench.cast import fake_cgroup
 from tests.helpers import RawClient
 
 CID = "4f1c2b8e9d7a6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a3928170f6e5d4c"
@@ -34,24 +35,27 @@ def test_host_process_has_no_container() -> None:
 
 
 def fake_proc(tmp: Path, pid: int, content: str) -> str:
-    (tmp / str(pid)).mkdir(parents=True)
-    (tmp / str(pid) / "cgroup").write_text(content)
+    fake_cgroup(tmp, pid, content)
     return str(tmp)
 
 
 def test_container_process_is_its_container_and_cannot_declare_another(tmp_path: Path) -> None:
-    r = IdentityResolver("cgroup", fake_proc(tmp_path, 4242, CGROUPS["docker (systemd)"]))
-    assert r.resolve(4242, None) == CID[:12]
-    assert r.resolve(4242, CID[:12]) == CID[:12]
-    assert r.resolve(4242, CID) == CID[:12]
+    r = IdentityResolver("cgroup", fake_proc(tmp_path, os.getpid(), CGROUPS["docker (systemd)"]))
+    peer = r.peer(os.getpid(), 0)
+    assert r.identify(peer, None).instance == CID[:12]
+    assert r.identify(peer, CID[:12]).instance == CID[:12]
+    assert r.identify(peer, CID).instance == CID[:12]
     with pytest.raises(IdentityError, match="may not act as"):
-        r.resolve(4242, OTHER[:12])
+        r.identify(peer, OTHER[:12])
 
 
-def test_host_process_may_declare_its_instance(tmp_path: Path) -> None:
-    r = IdentityResolver("cgroup", fake_proc(tmp_path, 7, "0::/user.slice\n"))
-    assert r.resolve(7, "dev-a") == "dev-a"
-    assert r.resolve(7, None) == "host"
+def test_host_process_is_its_uid_and_may_not_declare_another_instance(tmp_path: Path) -> None:
+    r = IdentityResolver("cgroup", fake_proc(tmp_path, os.getpid(), "0::/user.slice\n"))
+    peer = r.peer(os.getpid(), 1000)
+    assert r.identify(peer, None).instance == "uid-1000"
+    with pytest.raises(IdentityError, match="may not act as dev-a"):
+        r.identify(peer, "dev-a")
+    assert r.identify(peer, "dev-a", lambda name: 1000).instance == "dev-a"  # provisioned for uid 1000
 
 
 @pytest.mark.parametrize("bad", ["../etc", "a/b", "", " x", "-rf", "x" * 200, "a\nb", "$(reboot)"])
@@ -59,7 +63,7 @@ def test_instance_ids_are_validated(bad: str) -> None:
     with pytest.raises(SettingError):
         valid_instance_id(bad)
     with pytest.raises(SettingError):
-        IdentityResolver("declared").resolve(1, bad)
+        IdentityResolver("declared").identify(Peer(1, 0), bad)
 
 
 def test_a_containerised_client_cannot_register_as_another_instance(daemon_factory: type, short_tmp: Path) -> None:

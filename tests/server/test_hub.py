@@ -7,6 +7,7 @@ import time
 
 from arbiterd.core.effects import Grant, Revoke
 from arbiterd.core.settings import InstanceSettings
+from arbiterd.server import identity
 from arbiterd.server.hub import Hub
 from libcgpu_client import protocol as p
 
@@ -14,6 +15,8 @@ from libcgpu_client import protocol as p
 class Peer:
     def __init__(self, cid: int) -> None:
         self.cid, self.pid = cid, 1000 + cid
+        self.peer = identity.Peer(self.pid, 0)
+        self.instance: str | None = None
         self.sent: list[p.Message] = []
 
     def send(self, msg: p.Message) -> None:

@@ -47,3 +47,6 @@ def test_counters_follow_the_hub(hub: Hub) -> None:
     assert reg.get_sample_value("cgpu_grant_latency_seconds_bucket", {"le": "5e-05"}) == 1
     assert reg.get_sample_value("cgpu_grant_latency_seconds_bucket", {"le": "2.5e-05"}) == 0
     assert reg.get_sample_value("cgpu_bad_frames_total") == 2
+    hub.counters.refused["uid"] += 3
+    assert reg.get_sample_value("cgpu_clients_refused_total", {"reason": "uid"}) == 3
+    assert reg.get_sample_value("cgpu_clients_refused_total", {"reason": "identity"}) == 0

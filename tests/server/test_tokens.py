@@ -10,6 +10,7 @@ import pytest
 
 from arbiterd.server import config, tokens
 from arbiterd.server.identity import IdentityResolver, pod_uid_from_cgroup
+from bench.cast import fake_cgroup
 
 CID = "0123456789abcdef" * 4
 POD = "0a1b2c3d-1111-2222-3333-444455556666"
@@ -86,9 +87,9 @@ def test_only_small_regular_files_are_read(tmp_path: Path) -> None:
 ])
 def test_the_pod_uid_comes_from_the_cgroup(tmp_path: Path, text: str, pod: str | None) -> None:
     assert pod_uid_from_cgroup(text) == pod
-    (tmp_path / "7").mkdir()
-    (tmp_path / "7" / "cgroup").write_text(text + "\n")
-    ident = IdentityResolver("cgroup", str(tmp_path)).identify(7, None)
+    fake_cgroup(tmp_path, os.getpid(), text)
+    resolver = IdentityResolver("cgroup", str(tmp_path))
+    ident = resolver.identify(resolver.peer(os.getpid(), 0), None)
     assert (ident.instance, ident.container, ident.pod) == (CID[:12], CID, pod)
 
 

@@ -1,0 +1,296 @@
+"""A client of arbiterd driven line by line, to act as a tenant or an attacker in a process of its own
+(tests/security and bench.hostile; bench/cast.py starts it and places it in a container).
+
+    python -m bench.agent SOCK [--uid N]
+
+With ``--uid`` it drops to that uid (and its group, with no supplementary groups) once its modules are loaded,
+before it connects: so it runs as an unprivileged user although the interpreter lives where only root may read.
+It reads one JSON command per line on stdin and answers each with one JSON line on stdout:
+
+    {"op": "connect"}                      -> {"ok": true} | {"error": "..."}
+    {"op": "send", "msg": {...}}           -> {"ok": true} | {"error": "..."}
+    {"op": "recv", "timeout": S}           -> the next frame | {"closed": true} | {"timeout": true}
+    {"op": "hello_register", "register": {...}} -> the answer to register (or the error frame that came instead)
+    {"op": "fork_exit"}                    -> {"child": PID}; this process exits at once, its child (holding the
+                                              connection) goes on reading the same stdin
+    {"op": "flood_connect", "n": N}        -> {"open": k, "refused": r, "errors": {...}}: N more connections, each
+                                              greeted, kept open
+    {"op": "flood_requests", "seconds": S, "read": false}
+                                           -> {"sent": n}: registered connections send requests as fast as they
+                                              can; with "read" false they never read a reply
+    {"op": "count_open"}                   -> {"open": k}: flood connections the daemon has not closed
+    {"op": "enter_cgroup", "dir": D}       -> {"ok": true} | {"error": ...}: move this process into cgroup dir D
+    {"op": "flood_register", "seconds": S} -> {"sent": n, "answered": k}: on a new connection, register again and
+                                              again as fast as it can (each refused, or refused as a second one)
+    {"op": "work", "seconds": S, "op_ms": M, "claim_warmup_ns": W, "claim_transit_ns": T}
+                                           -> {"ops": n, "leases": k}: on the connection registered last, run
+                                              work under leases as the gate does (acquire; ops of M ms, each
+                                              spun on the CPU, while the lease lasts; release and ask again), and
+                                              report each lease's use with W ns more warm-up and T ns more transit
+                                              than it had (an honest tenant: 0 and 0)
+    {"op": "probe", "seconds": S, "gpu": G}
+                                           -> {"rtt_ms": [...]}: memory queries on the registered connection, one
+                                              every 2 ms, and each one's round trip
+    {"op": "close"} | {"op": "exit"}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+
+class Conn:
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.unpacker = msgpack.Unpacker(raw=False)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.sendall(msgpack.packb(msg, use_bin_type=True))
+
+    def recv(self, timeout: float = 5.0) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        while True:
+            for frame in self.unpacker:
+                return dict(frame)
+            left = end - time.monotonic()
+            if left <= 0:
+                return {"timeout": True}
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return {"timeout": True}
+            except OSError as exc:
+                return {"closed": True, "errno": exc.errno}
+            if not data:
+                return {"closed": True}
+            self.unpacker.feed(data)
+
+    def alive(self) -> bool:
+        """Whether the daemon has not closed this connection (what it sent is drained)."""
+        try:
+            while select.select([self.sock], [], [], 0)[0]:
+                if not self.sock.recv(65536):
+                    return False
+        except OSError:
+            return False
+        return True
+
+
+def work(conn: Conn, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Ops under leases, as the gate runs them; a lease's use reported with the claims asked for."""
+    gpu, op_s = cmd.get("gpu", 0), cmd.get("op_ms", 0.5) / 1e3
+    claim_warmup, claim_transit = cmd.get("claim_warmup_ns", 0), cmd.get("claim_transit_ns", 0)
+    end = time.monotonic() + cmd["seconds"]
+    ops = leases = 0
+    conn.send({"op": "acquire", "id": 1, "gpu": gpu})
+    while time.monotonic() < end:
+        msg = conn.recv(10.0)
+        if msg.get("op") != "grant":
+            if msg.get("timeout") or msg.get("closed"):
+                return {"error": str(msg), "ops": ops, "leases": leases}
+            continue  # a revoke of a lease already given back, or a reply
+        got = time.monotonic_ns()
+        leases += 1
+        deadline, revoked = msg["deadline_ns"], False
+        while not revoked and time.monotonic_ns() + op_s * 1e9 <= deadline and time.monotonic() < end:
+            stop = time.perf_counter() + op_s
+            while time.perf_counter() < stop:  # the op, spun: a GPU kernel the lease pays for
+                pass
+            ops += 1
+            conn.sock.setblocking(False)
+            try:
+                data = conn.sock.recv(65536)
+                conn.unpacker.feed(data)
+            except BlockingIOError:
+                pass
+            finally:
+                conn.sock.setblocking(True)
+            for frame in conn.unpacker:
+                revoked = revoked or (frame.get("op") == "revoke" and frame.get("lease") == msg["lease"])
+        used = max(0, time.monotonic_ns() - got - claim_transit)
+        conn.send({"op": "release", "gpu": gpu, "lease": msg["lease"], "again": True, "used_ns": used,
+                   "warmup_ns": claim_warmup})
+    return {"ops": ops, "leases": leases}
+
+
+def flood_register(path: str, seconds: float) -> dict[str, Any]:
+    c = Conn(path)
+    c.send({"op": "hello", "versions": [1], "client": "flood"})
+    c.recv()
+    batch = b"".join(msgpack.packb({"op": "register", "id": i, "gpus": [0], "instance": None}) for i in range(500))
+    answered = [0]
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while data := c.sock.recv(1 << 20):
+                c.unpacker.feed(data)
+                answered[0] += sum(1 for _ in c.unpacker)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    sent = 0
+    c.sock.settimeout(5.0)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            c.sock.sendall(batch)
+            sent += 500
+    except OSError:
+        return {"sent": sent, "answered": answered[0], "closed": True}
+    return {"sent": sent, "answered": answered[0]}
+
+
+def drop_to(uid: int) -> None:
+    import pwd
+
+    gid = pwd.getpwuid(uid).pw_gid if uid in {p.pw_uid for p in pwd.getpwall()} else uid
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+def main() -> int:
+    path = sys.argv[1]
+    if "--uid" in sys.argv:
+        drop_to(int(sys.argv[sys.argv.index("--uid") + 1]))
+    conn: Conn | None = None
+    flood: list[Conn] = []
+
+    def reply(obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        try:
+            if op == "connect":
+                conn = Conn(path)
+                reply({"ok": True})
+            elif op == "send":
+                assert conn is not None
+                conn.send(cmd["msg"])
+                reply({"ok": True})
+            elif op == "recv":
+                assert conn is not None
+                reply(conn.recv(cmd.get("timeout", 5.0)))
+            elif op == "hello_register":
+                conn = Conn(path)
+                conn.send({"op": "hello", "versions": [1], "client": "agent"})
+                first = conn.recv()
+                if first.get("op") != "welcome":
+                    reply(first)
+                    continue
+                conn.send({"op": "register", "id": 1, "gpus": [0], **cmd.get("register", {})})
+                reply(conn.recv())
+            elif op == "fork_exit":
+                child = os.fork()
+                if child:
+                    reply({"child": child})
+                    os._exit(0)
+            elif op == "flood_connect":
+                opened = refused = 0
+                errors: dict[str, int] = {}
+                for _ in range(cmd["n"]):
+                    try:
+                        c = Conn(path)
+                        c.send({"op": "hello", "versions": [1], "client": "flood"})
+                        answer = c.recv(5.0)
+                    except OSError as exc:
+                        errors[exc.__class__.__name__] = errors.get(exc.__class__.__name__, 0) + 1
+                        continue
+                    if answer.get("op") == "welcome":
+                        opened += 1
+                        flood.append(c)
+                    else:
+                        refused += 1
+                        errors[str(answer.get("code", answer))] = errors.get(str(answer.get("code", answer)), 0) + 1
+                        c.sock.close()
+                reply({"open": opened, "refused": refused, "errors": errors})
+            elif op == "flood_requests":
+                sent = 0
+                conns = []
+                for i, c in enumerate(flood[: cmd.get("conns", 8)]):
+                    c.send({"op": "register", "id": 1, "gpus": [cmd.get("gpu", 0)], **cmd.get("register", {})})
+                    c.recv(5.0)
+                    conns.append((i, c))
+                frames = b"".join(msgpack.packb(m) for m in (
+                    {"op": "acquire", "id": 2, "gpu": cmd.get("gpu", 0)},
+                    {"op": "stats", "id": 3},
+                    {"op": "mem_query", "id": 4, "gpu": cmd.get("gpu", 0)},
+                )) * 50
+                end = time.monotonic() + cmd["seconds"]
+                for _, c in conns:
+                    c.sock.setblocking(False)
+                while time.monotonic() < end:
+                    for _, c in conns:
+                        try:
+                            c.sock.send(frames)
+                            sent += 150
+                        except (BlockingIOError, OSError):
+                            pass
+                        if cmd.get("read", True):
+                            try:
+                                while c.sock.recv(1 << 20):
+                                    pass
+                            except (BlockingIOError, OSError):
+                                pass
+                    time.sleep(0.0005)
+                reply({"sent": sent})
+            elif op == "work":
+                assert conn is not None
+                reply(work(conn, cmd))
+            elif op == "probe":
+                assert conn is not None
+                rtt = []
+                end = time.monotonic() + cmd["seconds"]
+                n = 0
+                while time.monotonic() < end:
+                    n += 1
+                    t0 = time.perf_counter()
+                    conn.send({"op": "mem_query", "id": 10_000 + n, "gpu": cmd.get("gpu", 0)})
+                    answer = conn.recv()
+                    while answer.get("op") in ("grant", "revoke"):
+                        answer = conn.recv()
+                    if answer.get("op") != "ok":
+                        reply({"error": str(answer)})
+                        break
+                    rtt.append((time.perf_counter() - t0) * 1e3)
+                    time.sleep(0.002)
+                else:
+                    reply({"rtt_ms": rtt})
+            elif op == "flood_register":
+                reply(flood_register(path, cmd["seconds"]))
+            elif op == "enter_cgroup":
+                Path(cmd["dir"], "cgroup.procs").write_text(str(os.getpid()))
+                reply({"ok": True})
+            elif op == "count_open":
+                reply({"open": sum(c.alive() for c in flood)})
+            elif op == "close":
+                if conn is not None:
+                    conn.sock.close()
+                    conn = None
+                reply({"ok": True})
+            elif op == "exit":
+                reply({"ok": True})
+                return 0
+        except OSError as exc:
+            reply({"error": f"{exc.__class__.__name__}: {exc.strerror or exc}", "errno": exc.errno})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
