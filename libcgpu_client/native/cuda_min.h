@@ -9,6 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef CGPU_REAL_CUDA_H
+/* The conformance build (libcgpu_client/native/conformance.py): NVIDIA's own cuda.h and cudaTypedefs.h instead of
+ * the declarations below, so that every hook is compiled against the real prototype. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <nvml.h>
+#else
+
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -63,6 +71,7 @@ typedef struct {
              unsigned char reserved[4]; } allocFlags;
 } CUmemAllocationProp;
 
+
 /* NVML */
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -73,5 +82,7 @@ typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 #define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((ver) << 24U))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
+
+#endif /* CGPU_REAL_CUDA_H */
 
 #endif

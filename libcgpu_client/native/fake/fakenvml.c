@@ -33,6 +33,12 @@ EXPORT nvmlReturn_t nvmlInit_v2(void) {
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+/* what nvidia-ml-py's nvmlInit() calls since 12.x; flags: NVML_INIT_FLAG_NO_GPUS (1), NVML_INIT_FLAG_NO_ATTACH (2) */
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    if (flags & ~3u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return nvmlInit_v2();
+}
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     if (!inited)
         return NVML_ERROR_UNINITIALIZED;
