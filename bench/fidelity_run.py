@@ -9,7 +9,6 @@ each unit of work finished) and ``leases(name)`` (when each turn started).
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol
 
-from bench.common import ROOT, tool
+from bench.common import ROOT, has_gpu, tool
 
 SPIN_BATCH = 4  # kernels queued at once by a native tenant
 # glibc malloc's thresholds fixed, so freed tensors stay in the heap: with its self-adjusting defaults a
@@ -256,16 +255,6 @@ class NativeTarget:
         return "a real NVIDIA GPU" if self.real_gpu else "the fake CUDA driver (kernels spin on the CPU)"
 
 
-def _has_gpu() -> bool:
-    """A real libcuda that finds a device."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    count = ctypes.c_int(0)
-    return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-
-
 def native_target(tmp: Path) -> NativeTarget | None:
     from libcgpu_client.native import build as nb
     from libcgpu_client.native import shim_path
@@ -273,7 +262,7 @@ def native_target(tmp: Path) -> NativeTarget | None:
     shim = shim_path()
     try:
         job = nb.build_program([ROOT / "tests/native/progs/cuda_job.c"], tmp / "cuda_job")
-        real = _has_gpu()
+        real = has_gpu()
         fakes = None if real else nb.build_fakes(tmp / "fakes")
         if shim is None:
             shim = nb.build_shim(tmp / "shim")

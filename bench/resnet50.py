@@ -137,6 +137,7 @@ class Runner:
             worker = [sys.executable, "-m", "bench.resnet_worker", "--batch", str(batch), "--image-size",
                       str(a.image_size), "--out", str(out), "--device", a.device, "--threads", str(a.threads)]
             worker += ["--train"] if a.train else []
+            worker += ["--torchvision"] if a.torchvision else []
             if arbiter:
                 worker = [tool("cgpu-run"), "--device", a.device, "--socket", self.sock, "--instance", name,
                           "--weight", str(weight), "--", *worker]
@@ -288,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=64, help="square image side (default 64)")
     p.add_argument("--train", action="store_true", help="training steps instead of inference")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: the CPU is the simulated GPU")
+    p.add_argument("--torchvision", action="store_true",
+                   help="torchvision's ResNet-50 (where it imports: a GPU host) instead of bench/resnet.py's")
+    p.add_argument("--doc", metavar="PATH", help="also write the results document (JSON) to PATH")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="intra-op threads of each instance (default: every core)")
     p.add_argument("--slice-ms", type=int, default=None,
@@ -381,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = f"min_ratio={min(ratios):.3f} max_ratio={max(ratios):.3f} aggregate_vs_exclusive={agg:.3f}"
     if args.json:
         print(json.dumps({k: v for k, v in doc.items()}, indent=2, default=float))
+    if args.doc:
+        bare: dict[str, Any] = {**doc, "results": [{k: v for k, v in r.items() if k != "series"} for r in rows]}
+        Path(args.doc).write_text(json.dumps(bare, default=float))
     print(table)
     if not args.no_results:
         png = ROOT / "bench" / "resnet50.png"

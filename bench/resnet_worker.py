@@ -33,10 +33,16 @@ def main() -> None:
     p.add_argument("--train", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--torchvision", action="store_true", help="torchvision's ResNet-50 instead of bench/resnet.py's")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model = ResNet50().to(device)
+    if args.torchvision:
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None).to(device)
+    else:
+        model = ResNet50().to(device)
     x = torch.randn(args.batch, 3, args.image_size, args.image_size, device=device)
     y = torch.randint(0, 1000, (args.batch,), device=device)
     if args.train:

@@ -29,12 +29,13 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, no GPU"
 
 
-def update(name: str, command: str, body: str) -> None:
-    """Replace the section ``name`` of RESULTS.md with ``body`` and its command, date and machine."""
+def update(name: str, command: str, body: str, on: str | None = None) -> None:
+    """Replace the section ``name`` of RESULTS.md with ``body`` and its command, date and machine (``on``: the
+    machine it was measured on, where that is not this one)."""
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    section = (f"{begin}\n```\n{command}\n```\nMeasured {when} on {machine()}.\n\n{body.rstrip()}\n{end}")
+    section = (f"{begin}\n```\n{command}\n```\nMeasured {when} on {on or machine()}.\n\n{body.rstrip()}\n{end}")
     if begin in text and end in text:
         text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
     else:
