@@ -38,10 +38,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import cgpu_protocol as proto
 from arbiterd.server.cpu import apply_realtime, describe
 from bench import results
 from bench.common import ROOT, tool
-from libcgpu_client import protocol as proto
 from libcgpu_client.aio import AsyncClient
 from libcgpu_client.client import Client, wait_for_socket
 from libcgpu_client.gate import Gate

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 
-from libcgpu_client.protocol import (
+from cgpu_protocol import (
     S2C,
     Acquire,
     Bye,

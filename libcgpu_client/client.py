@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from libcgpu_client.protocol import (
+from cgpu_protocol import (
     S2C,
     Bye,
     Decoder,

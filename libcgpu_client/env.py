@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from libcgpu_client.protocol.names import NAME_RULE, is_name
+from cgpu_protocol.names import NAME_RULE, is_name
 
 GIB = 1024**3
 VARIABLES = {

@@ -20,8 +20,8 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from cgpu_protocol import Acquire, Release
 from libcgpu_client.client import Client, LeaseListener
-from libcgpu_client.protocol import Acquire, Release
 from libcgpu_client.warmup import WarmupMeter
 
 log = logging.getLogger("libcgpu_client.gate")

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cgpu_protocol import MemFree
 from libcgpu_client.client import Client
 from libcgpu_client.env import ClientEnv, parse_env
 from libcgpu_client.gate import CpuAdapter, DeviceAdapter, Gate
-from libcgpu_client.protocol import MemFree
 
 log = logging.getLogger("libcgpu_client")
 # Memory is reserved from the daemon in chunks, with hysteresis, as a caching allocator

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from cgpu_protocol import SUPPORTED_VERSIONS, Error, Hello, Register, Registered
 from libcgpu_client import __version__
-from libcgpu_client.protocol import SUPPORTED_VERSIONS, Error, Hello, Register, Registered
 
 
 class DaemonError(Exception):

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from arbiterd.server import devices
+from cgpu_protocol import Message
 from libcgpu_client.gate import CudaAdapter, Gate
-from libcgpu_client.protocol import Message
 
 
 class FakeNVMLError(Exception):

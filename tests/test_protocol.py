@@ -13,9 +13,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from libcgpu_client import protocol as p
-from libcgpu_client.protocol import messages
-from libcgpu_client.protocol.schema import render
+import cgpu_protocol as p
+from cgpu_protocol import messages
+from cgpu_protocol.schema import render
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "proto" / "schema.json").read_text())
@@ -44,7 +44,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
 
 def test_schema_json_is_generated_from_the_message_classes() -> None:
     assert (ROOT / "proto" / "schema.json").read_text() == render(), \
-        "regenerate: python -m libcgpu_client.protocol.schema > proto/schema.json"
+        "regenerate: python -m cgpu_protocol.schema > proto/schema.json"
 
 
 def test_requests_and_replies_are_distinct_ops() -> None:

@@ -1,9 +1,9 @@
-"""Instance and allocation ids, checked by the one rule every surface shares (libcgpu_client.protocol.names)."""
+"""Instance and allocation ids, checked by the one rule every surface shares (cgpu_protocol.names)."""
 
 from __future__ import annotations
 
 from arbiterd.core.errors import SettingError
-from libcgpu_client.protocol.names import NAME_RULE, is_name
+from cgpu_protocol.names import NAME_RULE, is_name
 
 
 def valid_instance_id(name: object) -> str:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
+import cgpu_protocol as p
 from arbiterd import __version__
 from arbiterd.core.errors import CoreError, IdentityError
 from arbiterd.core.settings import INSTANCE, InstanceSettings
@@ -30,7 +31,6 @@ from arbiterd.server import status as status_mod
 from arbiterd.server.hub import Hub
 from arbiterd.server.identity import Peer, peer_pidfd
 from arbiterd.server.intake import REGISTER_COST, STATS_COST, Account
-from libcgpu_client import protocol as p
 
 _EAGER_BYTES = 4096  # a read up to this size is decoded whole; a longer one frame by frame
 _PEERCRED = struct.Struct("3i")

@@ -30,7 +30,7 @@ from arbiterd.server.identity import Identity, IdentityResolver
 from arbiterd.server.intake import Intake
 from arbiterd.server.lograte import LogRate
 from arbiterd.server.persist import StateStore
-from libcgpu_client.protocol import Grant, Message, Revoke
+from cgpu_protocol import Grant, Message, Revoke
 
 log = logging.getLogger("arbiterd")
 _K = TypeVar("_K")

@@ -1,7 +1,7 @@
 /* libcgpu.so's connection to arbiterd: one socket per process, owned by a reader thread
  * that connects, says hello, registers, reconnects with backoff, and hands grants, revokes
  * and replies on. The messages are those of proto/PROTOCOL.md (a test records every frame
- * this file sends and checks it against libcgpu_client/protocol). */
+ * this file sends and checks it against cgpu_protocol). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>

@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from libcgpu_client import protocol as proto
+import cgpu_protocol as proto
 from libcgpu_client.env import EnvError, parse_env
 from tests.native.conftest import Native
 

@@ -1,4 +1,4 @@
-"""Every frame libcgpu.so sends is a valid message of libcgpu_client/protocol, not only bytes its codec
+"""Every frame libcgpu.so sends is a valid message of cgpu_protocol, not only bytes its codec
 can round-trip: a recording proxy between the shim and a real arbiterd decodes each one."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from libcgpu_client import protocol as p
+import cgpu_protocol as p
 from tests.helpers import DaemonProc
 from tests.native.conftest import Native, at, lines, start_job
 

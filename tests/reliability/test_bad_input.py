@@ -20,7 +20,7 @@ from arbiterd.core import state, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.errors import CoreError
 from bench.hotpath import FakeTransport
-from libcgpu_client.protocol import MESSAGES
+from cgpu_protocol import MESSAGES
 from tests.helpers import BackgroundGate, DaemonProc, RawClient, tool
 
 GIB = 1024**3

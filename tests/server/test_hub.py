@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import cgpu_protocol as p
 from arbiterd.core.effects import Grant, Revoke
 from arbiterd.core.settings import InstanceSettings
 from arbiterd.server import identity
 from arbiterd.server.hub import Hub
-from libcgpu_client import protocol as p
 
 
 class Peer:

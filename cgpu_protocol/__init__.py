@@ -4,7 +4,7 @@ Both ends (the daemon, the blocking and the asyncio client) use this package;
 ``libcgpu.so`` speaks the same messages in C and is tested against it.
 """
 
-from libcgpu_client.protocol.codec import (
+from cgpu_protocol.codec import (
     ERROR_CODES,
     MAX_MESSAGE,
     PROTOCOL_VERSION,
@@ -13,7 +13,7 @@ from libcgpu_client.protocol.codec import (
     Encoder,
     ProtocolError,
 )
-from libcgpu_client.protocol.messages import (
+from cgpu_protocol.messages import (
     C2S,
     MESSAGES,
     REVOKE_REASONS,

@@ -1,7 +1,7 @@
 """Framing: one msgpack map per message over a SOCK_STREAM socket, bounded in size.
 
 :class:`Decoder` is msgpack's streaming ``Unpacker`` with the protocol's limits;
-it yields decoded frames, which :func:`~libcgpu_client.protocol.messages.decode`
+it yields decoded frames, which :func:`~cgpu_protocol.messages.decode`
 turns into messages. Anything malformed is a :class:`ProtocolError` whose code
 says how the peer is answered.
 """

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeGuard, TypeVar
 
-from libcgpu_client.protocol.codec import ProtocolError, pack
+from cgpu_protocol.codec import ProtocolError, pack
 
 C2S, S2C = "c2s", "s2c"
 REVOKE_REASONS = ("highprio", "policy", "overrun", "removed", "turn")

@@ -1,6 +1,6 @@
 """``proto/schema.json``, generated from the message classes.
 
-    python -m libcgpu_client.protocol.schema > proto/schema.json
+    python -m cgpu_protocol.schema > proto/schema.json
 
 A test checks that the committed file is what this prints.
 """
@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
-from libcgpu_client.protocol.codec import ERROR_CODES, MAX_ARRAY_ITEMS, MAX_MAP_KEYS, MAX_MESSAGE, PROTOCOL_VERSION
-from libcgpu_client.protocol.messages import MESSAGES, REVOKE_REASONS
+from cgpu_protocol.codec import ERROR_CODES, MAX_ARRAY_ITEMS, MAX_MAP_KEYS, MAX_MESSAGE, PROTOCOL_VERSION
+from cgpu_protocol.messages import MESSAGES, REVOKE_REASONS
 
 
 def schema() -> dict[str, Any]:
