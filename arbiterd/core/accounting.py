@@ -87,3 +87,14 @@ class HandoverMeter:
         """The shortest whole-ms slice whose hand-over costs at most ``target_pct`` % of it, in bounds."""
         want = -(-self.expected * 100 // (target_pct * NS_PER_MS))  # ceil, in ms
         return max(lo_ms, min(hi_ms, want)) * NS_PER_MS
+
+
+OWN_HANDOVER_LEASES = 16  # an instance's expected hand-over is a running mean over about this many leases
+
+
+def running_mean(mean: int, sample: int, n: int) -> int:
+    """A running mean over about OWN_HANDOVER_LEASES samples; over the first ones, their plain mean (``mean`` below
+    0: none yet)."""
+    if mean < 0 or n <= 1:
+        return sample
+    return mean + (sample - mean) // min(n, OWN_HANDOVER_LEASES)

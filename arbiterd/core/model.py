@@ -1,12 +1,16 @@
-"""The state of one GPU that the scheduler and its policy classes share.
+"""The run queue of one GPU: what the scheduler and its classes share, like Linux's ``struct rq``.
 
-:class:`GpuState` holds the instances, the lease (or, under the native policy,
-one lease per client) and the counters, and the few operations every class
-uses: grant a lease, revoke one, pick by virtual time, pay a debt.
+:class:`Runqueue` holds the instances, the current lease (the one turn that
+the time-sliced classes hand from instance to instance), the counters and the
+policy in force, and the few operations every class
+uses: grant the current lease, revoke a lease, pick by virtual time, pay a debt.
+What is one class's own stays in that class (policies/): the native policy's
+leases, one per client, the ring's segments, the weighted policy's idle turn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,16 +61,32 @@ class Bill:
 
 
 class Charger(Protocol):
-    """The class that granted a lease bills it when it ends (unless ``bills`` is false: then no bill is made)."""
+    """The class that granted a lease, which bills it when it ends (unless ``bills`` is false: then no bill is
+    made) and forgets it, if it kept it."""
 
     bills: bool
 
     def charge(self, lease: Lease, bill: Bill) -> int: ...
 
+    def forget(self, lease: Lease) -> None: ...
+
+    def revoked(self, lease: Lease) -> None: ...
+
+
+class Keeper(Charger, Protocol):
+    """A class that keeps leases of its own, one per client (the native policy), apart from the current one."""
+
+    retired: bool
+    leases: Mapping[int, Lease]
+
+    def first_cutoff(self, overrun_ns: int) -> int | None: ...
+
+    def retire(self) -> None: ...
+
 
 @dataclass(slots=True, eq=False)
 class Lease:
-    """A grant of one GPU until ``deadline_ns``, billed by ``owner`` (the policy in force, if None) when it ends.
+    """A grant of one GPU until ``deadline_ns``, billed by ``owner``, the class that granted it, when it ends.
 
     The fields a native lease sets come first: one is built per acquire under policy 5, and a dataclass built
     by keyword costs half as much again as one built by position."""
@@ -76,8 +96,8 @@ class Lease:
     clients: set[int]
     granted_ns: int
     deadline_ns: int
-    owner: Charger | None = None
-    native_client: int | None = None  # native policy: the one client of this lease (its key in ``native``)
+    owner: Charger
+    client: int | None = None  # the one client of a lease its class keeps apart (the native policy's)
     highprio: bool = False
     ring: bool = False
     prepaid_ns: int = 0
@@ -86,6 +106,10 @@ class Lease:
     extension_ns: int = 0  # the expected hand-over added to its length, so the turn holds its useful time
     nominal_ns: int | None = None  # set while extended: where the lease would have ended
     renewal: bool = False  # granted to the instance whose lease ended in the same step: nothing changed hands
+
+    def cutoff(self, overrun_ns: int) -> int:
+        """When its holders are cut off: ``overrun_ns`` past its deadline, or past its revoke."""
+        return (self.revoked_ns if self.revoked_ns is not None else self.deadline_ns) + overrun_ns
 
 
 @dataclass(slots=True)
@@ -98,22 +122,19 @@ class GpuStats:
     revoked: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REVOKE_REASONS, 0))  # by reason
 
 
-class GpuState:
-    """Instances, leases and counters of one GPU, and the operations every policy shares."""
+class Runqueue:
+    """Instances, the current lease and the counters of one GPU, its classes, and the operations they share."""
+
+    policy: Keeper  # the policy in force (policies/), set by the scheduler
 
     def __init__(self, index: int, settings: GpuSettings, now: int) -> None:
         self.index = index
         self.settings = settings
         self.instances: dict[str, InstanceState] = {}
         self.stats = GpuStats()
-        self.lease: Lease | None = None
-        # policy 5: each client's lease, in the order granted; as every one runs NATIVE_LEASE_NS, the first
-        # ends first unless one was revoked (``native_revoked`` counts those)
-        self.native: dict[int, Lease] = {}
-        self.native_revoked = 0
+        self.lease: Lease | None = None  # the current turn's lease, which every client of its instance shares
+        self.draining: list[Keeper] = []  # policies switched away from whose own leases have not all ended
         self.min_vr = 0
-        # plain counters, not itertools.count: the daemon deep-copies the core to try admin
-        # writes, and copying itertools objects is gone from Python 3.14
         self._orders = 0
         self._last_lease = 0
         self.turns = 0
@@ -134,13 +155,18 @@ class GpuState:
             return s.slice_ms * NS_PER_MS
         return self.handover.auto_slice_ns(s.handover_target_pct, s.slice_min_ms, s.slice_max_ms)
 
-
     def holders(self) -> list[Lease]:
-        """Every lease now held on this GPU."""
-        held = list(self.native.values())
+        """Every lease now held on this GPU: the classes' own, then the current one."""
+        held = list(self.policy.leases.values())
+        for old in self.draining:
+            held += old.leases.values()
         if self.lease is not None:
             held.append(self.lease)
         return held
+
+    def held(self) -> bool:
+        """Whether any lease is held on this GPU."""
+        return self.lease is not None or bool(self.policy.leases) or bool(self.draining)
 
     def normal_members(self) -> list[InstanceState]:
         return [i for i in self.instances.values() if i.weight > 0 and not i.highprio]
@@ -188,8 +214,7 @@ class GpuState:
         if lease.revoked_ns is not None:
             return []
         lease.revoked_ns = now
-        if lease.native_client is not None:
-            self.native_revoked += 1
+        lease.owner.revoked(lease)
         self.stats.revocations += 1
         self.stats.revoked[reason] += 1
         return [Revoke(c, self.index, lease.id, reason) for c in sorted(lease.clients)]

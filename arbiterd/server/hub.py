@@ -187,7 +187,7 @@ class Hub:
         """:meth:`apply`, after a release on ``gpu``. Under a concurrent policy (native) a release that granted
         nothing only ended a lease (base.Policy.concurrent): no deadline came earlier, so the timer is not looked
         at (the grant path's release: 0.3 us of a pair's 14 in bench.hotpath)."""
-        if effects or not self.arbiter.scheds[gpu].policy.concurrent:
+        if effects or self.arbiter.scheds[gpu].release_moves_timer():
             self.apply(effects, gpu)
 
     def _arm_timer(self, gpu: int | None) -> None:

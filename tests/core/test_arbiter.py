@@ -178,7 +178,7 @@ def test_the_arbiter_can_be_deep_copied_to_try_an_admin_write() -> None:
     trial = copy.deepcopy(arb)
     trial.scheds[0].set_policy(4, 1)
     assert arb.scheds[0].settings.policy == 1 and trial.scheds[0].settings.policy == 4
-    assert trial.scheds[0]._next_lease_id() == arb.scheds[0]._next_lease_id()
+    assert trial.scheds[0].rq.next_lease_id() == arb.scheds[0].rq.next_lease_id()
 
 
 # ----------------------------------------------------- GPU-core percentages (behaviour §3)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, Grant, Revoke
+from arbiterd.core.policies.native import Native
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
 from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
@@ -262,12 +263,14 @@ def test_native_wakeup_is_the_first_lease_to_end_revoked_ones_included() -> None
     sched.release(1, ga.lease, 6 * NS_PER_MS)
     assert sched.next_wakeup() == gb.deadline_ns + over  # the next one in grant order
     ga, = sched.acquire("A", 1, 7 * NS_PER_MS)
+    native = sched.policy
+    assert isinstance(native, Native)
     sched.set_policy(1, 8 * NS_PER_MS)  # both revoked: each must be back by 8 ms plus overrun_ms
-    assert sched.native_revoked == 2
+    assert sched.rq.draining == [native] and native.revokes == 2
     assert sched.next_wakeup() == 8 * NS_PER_MS + over
     sched.release(2, gb.lease, 9 * NS_PER_MS)
     sched.release(1, ga.lease, 10 * NS_PER_MS)
-    assert (sched.native, sched.native_revoked) == ({}, 0)
+    assert (native.leases, native.revokes, sched.rq.draining) == ({}, 0, [])
     sched.set_policy(5, 11 * NS_PER_MS)
     gb, = sched.acquire("B", 2, 12 * NS_PER_MS)
     assert sched.next_wakeup() == gb.deadline_ns + over

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, Grant, Revoke
 from arbiterd.core.errors import CoreError
 from arbiterd.core.policies import NATIVE
+from arbiterd.core.policies.native import Native
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
 from arbiterd.core.sim import SimInstance, Simulation, Workload
@@ -118,21 +119,26 @@ def check_invariants(m: Model) -> None:
     assert sched.free_weight == sched.settings.max_inst - sum(i.weight for i in sched.instances.values())
     assert sched.free_weight >= 0
     holders = sched.holders()
+    keepers = [k for k in (sched.policy, *sched.rq.draining) if isinstance(k, Native)]  # the classes' own leases
+    own = [lease for k in keepers for lease in k.leases.values()]
     if sched.settings.policy != NATIVE:
         live = [h for h in holders if h.revoked_ns is None]
         # at most one holder; more only while leases granted under policy 5 drain after a switch
-        assert len(live) <= 1 or all(h.revoked_ns is not None for h in sched.native.values())
+        assert len(live) <= 1 or all(h.revoked_ns is not None for h in own)
         # a shared lease beside native ones: both from before a switch, draining (revoked) until released
-        assert sched.lease is None or not sched.native or all(h.revoked_ns is not None for h in holders)
+        assert sched.lease is None or not own or all(h.revoked_ns is not None for h in holders)
+    # a policy switched away from drains only while it keeps leases
+    assert all(k.retired and k.leases for k in sched.rq.draining)
     # what the grant path keeps instead of scanning agrees with a scan
     assert sched.hp.members == tuple(i for i in sched.instances.values() if i.highprio)
-    assert sched.native_revoked == sum(1 for n in sched.native.values() if n.revoked_ns is not None)
-    if sched.native and not sched.native_revoked:  # next_wakeup takes the first native lease as ending first
-        assert next(iter(sched.native.values())).deadline_ns == min(n.deadline_ns for n in sched.native.values())
-    # the books the native grant path keeps without the general path's scans (scheduler.acquire and release)
-    assert all(n.clients == {c} and n.native_client == c for c, n in sched.native.items())
+    for k in keepers:
+        assert k.revokes == sum(1 for n in k.leases.values() if n.revoked_ns is not None)
+        if k.leases and not k.revokes:  # next_wakeup takes its first lease as ending first
+            assert next(iter(k.leases.values())).deadline_ns == min(n.deadline_ns for n in k.leases.values())
+        # the books the native grant path keeps without the general path's scans (scheduler.acquire and release)
+        assert all(n.clients == {c} and n.client == c and n.owner is k for c, n in k.leases.items())
     assert sum(i.leases for i in sched.instances.values()) == len(holders)
-    assert (sched.busy_since is None) == (not holders)
+    assert (sched.rq.busy_since is None) == (not holders)
     assert sched.ent.current.active == sched._with_demand()  # the set in force is whoever has demand
     waiting = [i for i in sched.instances.values() if i.waiters and i.weight > 0]
     if waiting and not holders:

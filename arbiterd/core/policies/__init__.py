@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arbiterd.core.model import GpuState
+from arbiterd.core.model import Runqueue
 from arbiterd.core.policies.base import Policy
 from arbiterd.core.policies.highprio import HighPriority
 from arbiterd.core.policies.native import Native
@@ -14,8 +14,8 @@ POLICY_NAMES = tuple(p.name for p in POLICIES)
 FIXED, PREEMPTIVE, WEIGHTED, FIXED_CORE, WEAK, NATIVE = range(6)
 
 
-def make_policy(number: int, gpu: GpuState, now: int) -> Policy:
-    return POLICIES[number](gpu, now)
+def make_policy(number: int, gpu: Runqueue, hp: HighPriority, now: int) -> Policy:
+    return POLICIES[number](gpu, hp, now)
 
 
 __all__ = ["FIXED", "FIXED_CORE", "NATIVE", "POLICIES", "POLICY_NAMES", "PREEMPTIVE", "WEAK", "WEIGHTED",

@@ -1,19 +1,32 @@
 """What every policy class provides: the scheduler calls through this and never asks which it holds.
 
-Like Linux's ``struct sched_class``: the scheduler asks the high-priority class
-first and the GPU's policy second, for a verdict on the current holder
-(:meth:`holder_check`) or for the next grant (:meth:`pick`). A lease is charged
-by the class that granted it (:meth:`charge`), so a lease granted under an old
-policy is billed by that policy's rules even after the switch.
+Like Linux's ``struct sched_class``: the scheduler reaches a policy only through
+these hooks: an acquire (:meth:`acquire`), a release (:meth:`released`), the
+next step (:meth:`schedule`), its next timer (:meth:`wakeup_at`), what each
+instance is owed (:meth:`entitled`). The defaults are those of the time-sliced
+policies, which hand one lease from instance to instance: they ask the
+high-priority class first and themselves second, for a verdict on the current
+holder (:meth:`holder_check`) or for the next grant (:meth:`pick`). A class that
+works otherwise (the native policy, which gives every client a lease of its own
+at once) overrides the hooks and keeps its leases itself (:attr:`leases`). A
+lease is charged by the class that granted it (:meth:`charge`), so a lease
+granted under an old policy is billed by that policy's rules even after the
+switch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import dataclasses
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
+from arbiterd.core.accounting import running_mean
 from arbiterd.core.effects import Effect, Grant
-from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
+from arbiterd.core.policies.highprio import HighPriority
+
+NO_LEASES: Mapping[int, Lease] = MappingProxyType({})
 
 
 class Policy:
@@ -21,14 +34,16 @@ class Policy:
 
     number: ClassVar[int]
     name: ClassVar[str]
-    # every client gets a lease of its own, at once (native): so a release that grants nothing brings no
-    # deadline earlier (the daemon's timer relies on it)
-    concurrent: ClassVar[bool] = False
     conserving: ClassVar[bool] = False  # time nobody with demand wants goes to whoever wants it
+    # a release that grants nothing may bring the next deadline earlier (not where every client has its own lease:
+    # the daemon's timer is then left alone)
+    release_moves_timer: ClassVar[bool] = True
     bills: bool = True  # its leases are billed when they end (native, in force, has no turns to bill)
+    leases: Mapping[int, Lease] = NO_LEASES  # the leases it keeps itself, by client (the native policy's)
 
-    def __init__(self, gpu: GpuState, now: int) -> None:
+    def __init__(self, gpu: Runqueue, hp: HighPriority, now: int) -> None:
         self.gpu = gpu
+        self.hp = hp
         self.retired = False  # the GPU switched to another policy; leases it granted may still end
 
     def retire(self) -> None:
@@ -50,21 +65,106 @@ class Policy:
         """The policy a GPU on this one switches to when an instance of ``weight`` joins, if any."""
         return None
 
-    # scheduling ---------------------------------------------------------------
+    def keeps(self, lease: Lease) -> bool:
+        """Whether ``lease``, granted before the GPU switched to this policy, runs on to its end (else it is
+        revoked, its time void)."""
+        return False
+
+    # the scheduler's hooks --------------------------------------------------
+    def acquire(self, inst: InstanceState, client: int, now: int) -> list[Effect] | None:
+        """``client`` of ``inst`` (which it does not hold a lease of) wants the GPU: the effects if it is answered
+        at once, else None (it waits, and :meth:`schedule` runs). Here: it joins its instance's current lease."""
+        gpu = self.gpu
+        lease = gpu.lease
+        if lease is not None and lease.inst is inst and lease.revoked_ns is None and now < lease.deadline_ns:
+            lease.clients.add(client)
+            return [Grant(client, gpu.index, lease.id, lease.deadline_ns, 0)]
+        if not inst.waiters and not inst.leases:
+            self.demand(inst, now)
+        return None
+
+    def schedule(self, now: int, arrived: InstanceState | None = None) -> list[Effect]:
+        """Hand the GPU to whoever should have it now: high priority first, then this policy. Nothing while a
+        policy switched away from still has leases of its own running. ``arrived``: the one instance that just
+        gained a waiter, if that is all that changed."""
+        gpu = self.gpu
+        if gpu.draining:
+            return []
+        hp = self.hp
+        hp.accrue(now)
+        lease = gpu.lease
+        if lease is not None:
+            effects = hp.holder_check(lease, now)
+            if effects is None:
+                effects = self.holder_check(lease, now)
+            return effects or []
+        picked = hp.pick(now)
+        return picked if picked is not None else self.pick(now)
+
+    def released(self, now: int) -> list[Effect]:
+        """A lease ended by its release (its clients have no more work): what follows."""
+        return self.schedule(now)
+
+    def wakeup_at(self, overrun_ns: int) -> int | None:
+        """When the scheduler's :meth:`tick` next has something to do for this policy and the current lease."""
+        gpu = self.gpu
+        lease = gpu.lease
+        if lease is not None:
+            at = lease.cutoff(overrun_ns)
+            hp = self.hp.wakeup(lease)
+            return at if hp is None or hp > at else hp
+        if gpu.draining or not any(i.waiters for i in gpu.instances.values()):
+            return None
+        times = [t for t in (self.hp.wakeup(None), self.wakeup()) if t is not None]
+        return min(times) if times else None
+
+    def entitled(self, live: list[InstanceState], starved: list[InstanceState], active: Collection[str]
+                 ) -> dict[str, float]:
+        """The share of GPU time each instance of ``live`` (weight above 0) and ``starved`` (weight 0 with demand,
+        owed what its requested weight would give it) is owed while ``active`` have demand."""
+        normals = [i for i in live if not i.highprio]
+        hp, rest = self.hp.shares(active, self.conserving, any(i.name in active for i in normals))
+        out = {**hp, **self.shares(normals, active, rest)}
+        for inst in starved:
+            ghost = dataclasses.replace(inst, weight=min(inst.requested, self.gpu.settings.max_inst))
+            if inst.highprio:
+                hp_as, _ = self.hp.shares(active, self.conserving, True, extra=ghost)
+                out[inst.name] = hp_as.get(inst.name, 0.0)
+            else:
+                out[inst.name] = self.shares([*normals, ghost], active, rest)[inst.name]
+        return out
+
+    def own_handover(self, inst: InstanceState, kept: int, now: int) -> None:
+        """One of ``inst``'s hand-overs was measured (``kept``: what was credited of it): its turns are lengthened
+        by its own expected hand-over, a running mean of its credited ones (one process may pay more than another:
+        one that wakes after the GPU idled, a slow starter; the GPU's mean would leave it short and the others
+        long). The extension follows the mean once it has moved by 5 % and 20 µs, so turns are not re-planned for
+        every sample."""
+        own = running_mean(inst.handover_ns, kept, inst.handovers)
+        inst.handover_ns = own
+        own = max(0, own)
+        moved = abs(own - inst.extension_ns)
+        if inst.extension_ns < 0 or (moved * 20 > inst.extension_ns and moved > 20_000):
+            inst.extension_ns = own
+            self.changed(now)
+
+    def first_cutoff(self, overrun_ns: int) -> int | None:
+        """When the first of the leases it keeps itself is cut off, if it keeps any."""
+        return None
+
+    def forget(self, lease: Lease) -> None:
+        """``lease``, which this class granted, ended (a class that keeps its leases drops it)."""
+
+    def revoked(self, lease: Lease) -> None:
+        """``lease``, which this class granted, was revoked."""
+
+    # the policy's own choices -------------------------------------------------
     def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
         """Effects for the current holder (a cut-back or revoke), or None to keep it."""
         return None
 
     def pick(self, now: int) -> list[Effect]:
         """Grant the GPU to whoever should have it now (nothing: it stays idle)."""
-        raise NotImplementedError
-
-    def pick_for(self, inst: InstanceState, now: int) -> list[Effect]:
-        """:meth:`pick`, after only ``inst`` gained a waiter (a concurrent policy looks at ``inst`` alone)."""
-        return self.pick(now)
-
-    def grant(self, inst: InstanceState, client: int, since: int, now: int) -> Grant:
-        """A concurrent policy's lease for ``client`` of ``inst`` (weight above 0), waiting since ``since``, at once."""
         raise NotImplementedError
 
     def wakeup(self) -> int | None:
@@ -90,3 +190,4 @@ class Policy:
 
     def after_charge(self, inst: InstanceState | None) -> None:
         """A lease of ``inst`` has been charged (keeps the virtual-time floor)."""
+

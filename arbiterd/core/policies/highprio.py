@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from arbiterd.core.effects import NS_PER_S, Effect
-from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
 
 WINDOW_NS = NS_PER_S  # the window prio_ratio is kept over: no high-priority turn is longer
 
@@ -26,7 +26,7 @@ WINDOW_NS = NS_PER_S  # the window prio_ratio is kept over: no high-priority tur
 class HighPriority:
     bills = True  # its leases spend credit when they end
 
-    def __init__(self, gpu: GpuState, now: int) -> None:
+    def __init__(self, gpu: Runqueue, now: int) -> None:
         self.gpu = gpu
         self.credit = self.cap()
         self.t = now
@@ -80,6 +80,12 @@ class HighPriority:
         if missing <= 0:
             return self.t
         return self.t + -(-missing // self.gpu.settings.prio_ratio)
+
+    def forget(self, lease: Lease) -> None:
+        """Its leases are the current one: nothing of its own to drop."""
+
+    def revoked(self, lease: Lease) -> None:
+        """Nothing to count: a revoked high-priority lease ends as any other."""
 
     def spend(self, held: int) -> None:
         self.credit = min(self.credit - 100 * held, self.cap())

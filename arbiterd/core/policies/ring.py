@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from arbiterd.core.effects import Effect
-from arbiterd.core.model import Bill, GpuState, InstanceState, Lease
+from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.base import Policy
+from arbiterd.core.policies.highprio import HighPriority
 
 
 class Ring(Policy):
-    def __init__(self, gpu: GpuState, now: int) -> None:
-        super().__init__(gpu, now)
+    def __init__(self, gpu: Runqueue, hp: HighPriority, now: int) -> None:
+        super().__init__(gpu, hp, now)
         self.segments: list[tuple[InstanceState | None, int]] = []
         self.idx = 0
         self.seg_end = now

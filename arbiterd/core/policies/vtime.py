@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from arbiterd.core.effects import Effect, Grant
-from arbiterd.core.model import EXTENDED_NS, VR_SCALE, Bill, GpuState, InstanceState, Lease
+from arbiterd.core.model import EXTENDED_NS, VR_SCALE, Bill, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.base import Policy
+from arbiterd.core.policies.highprio import HighPriority
 
 
 class VirtualTime(Policy):
@@ -159,8 +160,8 @@ class Weighted(VirtualTime):
     name = "weighted"
     conserving = False
 
-    def __init__(self, gpu: GpuState, now: int) -> None:
-        super().__init__(gpu, now)
+    def __init__(self, gpu: Runqueue, hp: HighPriority, now: int) -> None:
+        super().__init__(gpu, hp, now)
         self.turn: tuple[InstanceState, int] | None = None  # the owner of an idle turn, and its end
         self.owed = 0  # hand-overs granted as turn extensions since the last idle turn, paid by idle time
 
@@ -177,7 +178,7 @@ class Weighted(VirtualTime):
     def charge(self, lease: Lease, bill: Bill) -> int:
         """An early release keeps the turn: the rest passes idle unless the owner comes back."""
         early = bill.end < lease.deadline_ns
-        if not self.retired and lease.nominal_ns is None and early and not self.gpu.native:
+        if not self.retired and lease.nominal_ns is None and early and not self.gpu.draining:
             self.turn = (lease.inst, lease.deadline_ns)
             return max(0, lease.deadline_ns - lease.extension_ns - lease.granted_ns - lease.prepaid_ns)
         return super().charge(lease, bill)

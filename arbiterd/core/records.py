@@ -1,0 +1,94 @@
+"""What the arbiter keeps besides the schedulers: the GPUs, instance records, clients, and its configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from arbiterd.core.effects import NS_PER_S
+from arbiterd.core.memory import MemoryLedger
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    total_mem: int
+    simulated: bool = False
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    name: str
+    gpu: int
+    memsize: int
+    provisioned: bool = False
+    host_uid: int | None = None  # provisioned for host processes of this uid (inst_ctl create NAME uid=N)
+    creator_uid: int | None = None  # made at the request of a host process of this uid (max_records_per_uid)
+    clients: set[int] = field(default_factory=set)
+    idle_since: int | None = None
+    ledger: MemoryLedger = field(default_factory=lambda: MemoryLedger(0))
+
+
+@dataclass(slots=True)
+class ClientInfo:
+    cid: int
+    pid: int
+    uid: int
+    instance: str | None = None
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredGpu:
+    """What a client learns of one GPU it registered on."""
+
+    gpu: int
+    uuid: str
+    name: str
+    weight: int
+    highprio: int
+    mem_limit: int
+    total_mem: int
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    instance: str
+    gpus: list[RegisteredGpu]
+    warnings: list[str]
+
+
+@dataclass(slots=True)
+class ArbiterConfig:
+    trust_client_env: bool = True
+    default_memsize: int = 0  # the initial value of the node-wide setting
+    linger_ns: int = 60 * NS_PER_S
+    allocations: str = "off"  # off | optional | required: see arbiterd.core.binding
+    overcommit: str = "refuse"  # refuse | queue: a registration where free_weight is 0
+    clients_shape_gpus: bool = False  # a client's weight or core percentage may switch a GPU's policy
+    max_records_per_uid: int = 64  # records host processes of one uid may have made (0: no cap)
+
+
+OVERCOMMIT = ("refuse", "queue")
+
+
+@dataclass(slots=True)
+class Absent:
+    """Items of the state file for GPUs this host does not have now, kept as they were (state.py)."""
+
+    gpus: dict[str, Any] = field(default_factory=dict)
+    instances: list[Any] = field(default_factory=list)
+    allocations: list[Any] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus or self.instances or self.allocations)
+
+    def gpu_names(self) -> set[str]:
+        names = set(self.gpus)
+        names.update(str(i.get("gpu")) for i in self.instances if isinstance(i, dict))
+        for a in self.allocations:
+            if isinstance(a, dict) and isinstance(a.get("gpus"), list):
+                names.update(str(g) for g in a["gpus"])
+        return names
