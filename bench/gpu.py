@@ -14,7 +14,7 @@ budget (8 minutes), each skipped with its reason where what it needs is missing:
    PyTorch (``torch.cuda.mem_get_info`` and ``torch.cuda.OutOfMemoryError``);
 3. **resnet50**: torchvision's ResNet-50 at 1:2 on the GPU under ``cgpu-run`` (bench.resnet50 against this
    daemon; batch 16/32/64/128, 8 s measured per batch within the 8-minute budget), images/s and the ratio per
-   batch size beside seed 001's table, and the aggregate against exclusive;
+   batch size beside cGPU's published table (behaviour §9), and the aggregate against exclusive;
 4. **handover**: the hand-over arbiterd measures while two CUDA programs contend, the slice ``auto`` chose, and the
    shim's overhead on exclusive ResNet-50 (with and without ``LD_PRELOAD``; without PyTorch on a GPU, ns per
    launch of an empty kernel);

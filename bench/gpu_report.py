@@ -9,7 +9,7 @@ from bench import results
 
 
 def render(doc: dict[str, Any]) -> str:
-    """A run's markdown: the parts, each with its outcome and figures, and ResNet-50 beside seed 001's table."""
+    """A run's markdown: the parts, each with its outcome and figures, and ResNet-50 beside cGPU's published table."""
     md = [
         f"{'FAKE driver: ' if doc['fake'] else ''}{doc['machine']}; arbiterd at its defaults on NVML; "
         f"{doc['seconds']:.0f} s of a {doc['budget_s']:.0f} s budget.",
@@ -29,7 +29,7 @@ def render(doc: dict[str, Any]) -> str:
 
         md += [
             "",
-            "| batch | seed 001, TF on A10: w1 / w2 / ratio | exclusive img/s | weight 1 | weight 2 | "
+            "| batch | reference TF (A10): w1 / w2 / ratio | exclusive img/s | weight 1 | weight 2 | "
             "**ratio** | sum / exclusive | slice / hand-over |",
             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
         ]

@@ -38,8 +38,8 @@ class ProtocolError(Exception):
 
 
 class Encoder:
-    """Frames outgoing messages: msgpack's ``Packer``, reused (``msgpack.packb`` builds a new one per call, a third
-    of a grant's cost). Not thread-safe: one per connection, or per thread."""
+    """Frames outgoing messages: msgpack's ``Packer``, reused (``msgpack.packb`` builds a new one per call, a large
+    part of what framing a small message costs). Not thread-safe: one per connection, or per thread."""
 
     def __init__(self) -> None:
         self._pack = msgpack.Packer(use_bin_type=True).pack

@@ -129,9 +129,8 @@ def cpu_sharing_defaults(env: dict[str, str], parsed: ClientEnv) -> None:
     """With the CPU as the simulated GPU, OpenMP workers wait passively unless ``env`` says otherwise.
 
     The CPU is then time-sliced between containers, and an OpenMP runtime that spin-waits
-    (libgomp's default, a few ms after each parallel region) burns the next holder's slice
-    from a process that has just given the lease back: two ResNet-50 processes sharing
-    two cores made 115 images/s in all that way, 210 with passive waiting.
+    (libgomp's default, for a while after each parallel region) burns the next holder's slice
+    from a process that has just given the lease back.
     """
     if parsed.device == "cpu" and not parsed.disabled:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

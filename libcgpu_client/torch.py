@@ -168,7 +168,7 @@ class CgpuMode(TorchDispatchMode):
     def _freed(self, held: _Held) -> None:
         if self._live.get(held.ptr) is held:
             del self._live[held.ptr]
-            # try/except, not contextlib.suppress (0.3 us more): this runs for every tracked tensor
+            # try/except, not contextlib.suppress (a context manager per call): this runs for every tracked tensor
             try:  # noqa: SIM105
                 self.rt.unreserve(0, held.nbytes)
             except (ConnectionError, OSError):

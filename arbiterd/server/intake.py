@@ -11,14 +11,13 @@ cost is bounded however many connections it floods from, and a request of a
 quiet tenant waits at most one turn per busy tenant. Alone, a busy tenant is
 served turn after turn: nothing is slowed that nobody waits for.
 
-Requests are counted, not timed: a count costs the grant path an addition, where
-a clock read per request cost it twice as much (every request is cheap but
-``stats``, counted as ``STATS_COST`` and answered from a status at most 100 ms
-old, and ``register``, counted as ``REGISTER_COST``). The counts are renewed by a callback at the loop's next turn,
-scheduled once a tenant has used half its limit: a client that sends one request
-at a time (the grant path) schedules one every 32 requests. All told the grant
-path costs 2.6 % more daemon instructions (per acquire+release pair under
-callgrind, 128.7 k before, 132.1 k with the intake).
+Requests are counted, not timed: a count costs the grant path an addition, a
+clock read per request far more (every request is cheap but ``stats``, counted
+as ``STATS_COST`` and answered from a status at most 100 ms old, and
+``register``, counted as ``REGISTER_COST``). The counts are renewed by a
+callback at the loop's next turn, scheduled once a tenant has used half its
+limit: a client that sends one request at a time (the grant path) schedules
+one every 32 requests.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import weakref
 from collections import deque
 from typing import Protocol
 
-LIMIT = 64  # requests one tenant may have handled per turn of the loop (about 0.5 ms of the daemon's time)
+LIMIT = 64  # requests one tenant may have handled per turn of the loop: a short turn, so a quiet tenant waits little
 STATS_COST = 8  # a stats request counts as this many
 REGISTER_COST = 16  # and a register: it may read allocation tokens in the container and try a bind on a copy
 
