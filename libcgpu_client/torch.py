@@ -100,7 +100,14 @@ class CgpuMode(TorchDispatchMode):
             return None
         # the tensor's own flags: cheaper than building its torch.device on every operator
         if a.is_cpu:
-            return 0 if self.cpu_sim else None
+            if self.cpu_sim:
+                return 0
+            # a copy onto the GPU (``tensor.to("cuda")``, ``_to_copy(cpu_tensor, device=cuda)``) allocates there
+            dev = kwargs.get("device")
+            if dev is not None and self.cuda and (dev := torch.device(dev)).type == "cuda":
+                idx = dev.index if dev.index is not None else torch.cuda.current_device()
+                return idx if idx < len(self.gates) else None
+            return None
         if a.is_cuda and self.cuda:
             idx = a.get_device()
             return idx if idx < len(self.gates) else None

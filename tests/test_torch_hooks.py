@@ -88,3 +88,18 @@ def test_a_module_that_raises_leaves_nothing_active() -> None:
         finally:
             hook.remove()
     assert rt.gates[0]._active == 0
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"device": "cuda:0"}, 0),  # tensor.to("cuda"), .cuda(): a copy that allocates on GPU 0
+    ({"device": torch.device("cuda", 0)}, 0),
+    ({"device": "cuda:1"}, None),  # a GPU this process is not given
+    ({"device": "cpu"}, None),
+    ({}, None),  # CPU work stays ungated on a real GPU
+])
+def test_a_copy_of_a_cpu_tensor_onto_the_gpu_passes_the_gate_of_that_gpu(
+        kwargs: dict[str, Any], expected: int | None) -> None:
+    """Found on an H100: ``model.to("cuda")`` copies CPU parameters with ``_to_copy(t, device=cuda)``; taken for
+    CPU work, it ran outside the gate and the memory governor, which refused it (a fraction of 0 granted yet)."""
+    mode = CgpuMode(StubRuntime(), cpu_sim=False, cuda=True)  # type: ignore[arg-type]
+    assert mode._pos((torch.zeros(2),), kwargs) == expected
