@@ -125,7 +125,7 @@ async def daemon_side(clients: int, state_dir: str) -> list[tuple[asyncio.Protoc
     daemon.hub.admin_write("0/policy", "5")
     conns: list[tuple[asyncio.Protocol, FakeTransport]] = []
     for n in range(clients):
-        conn, t = ClientConnection(daemon.hub, daemon.status), FakeTransport()
+        conn, t = ClientConnection(daemon.hub), FakeTransport()
         conn.connection_made(t)  # type: ignore[arg-type]
         conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "hotpath"}))
         conn.data_received(msgpack.packb({"op": "register", "id": 1, "instance": f"hot-{n % INSTANCES}",

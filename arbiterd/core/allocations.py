@@ -96,6 +96,11 @@ class AllocationBook:
 
         ``totals``: each GPU's memory in bytes.
         """
+        self.check_create(alloc, totals)
+        self.by_id[alloc.id] = alloc
+
+    def check_create(self, alloc: Allocation, totals: Mapping[int, int]) -> None:
+        """Raise ConflictError (one line) if ``alloc`` may not be added; change nothing."""
         if alloc.id in self.by_id:
             raise ConflictError(f"allocation {alloc.id} exists")
         if any(a.digest == alloc.digest for a in self.by_id.values()):
@@ -108,7 +113,6 @@ class AllocationBook:
             core = self.alloc_core(gpu)
             if core + alloc.core > CORE_TOTAL:
                 raise ConflictError(f"GPU {gpu}: core={alloc.core} would overcommit it ({core} % allocated)")
-        self.by_id[alloc.id] = alloc
 
     def remove(self, alloc_id: str) -> Allocation:
         alloc = self.get(alloc_id)

@@ -14,6 +14,8 @@ lists the allocations, one a line:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from arbiterd.core import binding
 from arbiterd.core.allocations import Allocation, valid_digest
 from arbiterd.core.arbiter import Arbiter
@@ -32,7 +34,8 @@ def listing(arb: Arbiter) -> str:
     return "".join(a.line() + "\n" for a in arb.allocations)
 
 
-def _create(arb: Arbiter, alloc_id: str, words: list[str]) -> None:
+def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Allocation, dict[int, int]]:
+    """The allocation a ``create`` describes, and its GPUs' memory (a CoreError if it is malformed)."""
     if arb.config.allocations == "off":
         raise ConflictError("alloc_ctl: allocations are off in this daemon (start it with --allocations "
                             "optional or required)")
@@ -57,23 +60,40 @@ def _create(arb: Arbiter, alloc_id: str, words: list[str]) -> None:
         raise SettingError("alloc_ctl create: give memsize= or core= (or both)")
     if core and len(gpus) > 1:
         raise SettingError("alloc_ctl create: core= is a percentage of one GPU; give one gpu=")
-    totals = {g: arb.gpus[g].total_mem for g in gpus}
-    arb.allocations.create(Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core), totals)
+    return Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core), {g: arb.gpus[g].total_mem for g in gpus}
 
 
 def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
     """Carry out one ``alloc_ctl`` command."""
+    return plan(arb, command)(now)
+
+
+def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
+    """Check one ``alloc_ctl`` command, changing nothing (a CoreError with a one-line reason if it may not be
+    carried out), and return what carries it out."""
     words = command.split()
     if len(words) < 2 or words[0] not in ("create", "remove"):
         raise SettingError(USAGE)
     verb, alloc_id, rest = words[0], valid_alloc_id(words[1]), words[2:]
+    book = arb.allocations
     if verb == "create":
-        _create(arb, alloc_id, rest)
-        return []
+        alloc, totals = _parse_create(arb, alloc_id, rest)
+        book.check_create(alloc, totals)
+
+        def create(now: int) -> list[Effect]:
+            book.create(alloc, totals)
+            return []
+
+        return create
     if rest:
         raise SettingError("alloc_ctl remove: takes only an id")
-    alloc = arb.allocations.remove(alloc_id)
-    return binding.reprovision(arb, alloc.bound, now) if alloc.bound else []
+    book.get(alloc_id)
+
+    def remove(now: int) -> list[Effect]:
+        alloc = book.remove(alloc_id)
+        return binding.reprovision(arb, alloc.bound, now) if alloc.bound else []
+
+    return remove
 
 
-__all__ = ["USAGE", "listing", "run"]
+__all__ = ["USAGE", "listing", "plan", "run"]

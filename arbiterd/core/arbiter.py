@@ -25,6 +25,7 @@ returns effects.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import NoReturn
 
 from arbiterd.core.allocations import AllocationBook
@@ -163,18 +164,26 @@ class Arbiter:
         instance is for host processes of that uid (and no container may use it)."""
         return self.provision_each(name, dict.fromkeys(gpus, s), now, host_uid)
 
-    def provision_each(self, name: str, settings: dict[int, InstanceSettings], now: int,
-                       host_uid: int | None = None) -> list[Effect]:
-        """Provision ``name`` with its own settings on each GPU: all of them, or (ConflictError) none."""
+    def check_provision(self, name: str, settings: dict[int, InstanceSettings],
+                        freed: Mapping[int, int] | None = None) -> None:
+        """Raise a CoreError (one line) if ``name`` may not be provisioned so; change nothing. ``freed``: weight
+        that other records give up on each GPU first."""
         for gpu, s in settings.items():
             sched = self.sched(gpu)
             core = bool(s.core_percent) and self._core_ready(sched)  # it becomes 20 slots first
             INSTANCE["weight"].check(s.weight, CORE_MAX_INST if core else sched.settings.max_inst)
             INSTANCE["highprio"].check(s.highprio)
+            INSTANCE["memsize"].check(s.memsize)
             rec = self.records.get((gpu, name))
             room = (CORE_MAX_INST if core else sched.free_weight) + (sched.instances[name].weight if rec else 0)
+            room += freed.get(gpu, 0) if freed else 0
             if s.weight > room:
                 raise ConflictError(f"weight {s.weight} exceeds free_weight {room} on GPU {gpu}")
+
+    def provision_each(self, name: str, settings: dict[int, InstanceSettings], now: int,
+                       host_uid: int | None = None) -> list[Effect]:
+        """Provision ``name`` with its own settings on each GPU: all of them, or (a CoreError) none."""
+        self.check_provision(name, settings)
         effects: list[Effect] = []
         for gpu, s in settings.items():
             rec = self.records.get((gpu, name))
@@ -229,26 +238,32 @@ class Arbiter:
             del self.records[(gpu, name)]
         return effects + self.promote(now)
 
-    def unprovision(self, name: str, gpus: list[int] | None, now: int) -> list[Effect]:
-        """``inst_ctl remove``: drop the records of ``name`` (refused while clients use it)."""
+    def check_unprovision(self, name: str, gpus: list[int] | None) -> list[InstanceRecord]:
+        """The records ``inst_ctl remove`` would drop; a CoreError (one line) if it may not, changing nothing."""
         targets = [r for (g, n), r in self.records.items() if n == name and (gpus is None or g in gpus)]
         if not targets:
             raise NotFoundError(f"no instance {name}")
         busy = [r for r in targets if r.clients]
         if busy:
-            raise ConflictError(
-                f"instance {name} has {len(busy[0].clients)} connected client(s) on GPU {busy[0].gpu}"
-            )
+            raise ConflictError(f"instance {name} has {len(busy[0].clients)} connected client(s) on GPU {busy[0].gpu}")
+        return targets
+
+    def unprovision(self, name: str, gpus: list[int] | None, now: int) -> list[Effect]:
+        """``inst_ctl remove``: drop the records of ``name`` (refused while clients use it)."""
         effects: list[Effect] = []
-        for rec in targets:
+        for rec in self.check_unprovision(name, gpus):
             effects += self.scheds[rec.gpu].remove_instance(name, now)
             del self.records[(rec.gpu, name)]
         return effects + self.promote(now)
 
-    def set_memsize(self, gpu: int, name: str, memsize: int) -> None:
+    def check_memsize(self, gpu: int, name: str, memsize: int) -> InstanceRecord:
+        """The record of ``name`` on ``gpu``, if it may have ``memsize``; else a CoreError, changing nothing."""
         rec = self.record(gpu, name)
-        total = self.gpus[gpu].total_mem
-        INSTANCE["memsize"].check(memsize, total)
+        INSTANCE["memsize"].check(memsize, self.gpus[gpu].total_mem)
+        return rec
+
+    def set_memsize(self, gpu: int, name: str, memsize: int) -> None:
+        rec = self.check_memsize(gpu, name, memsize)
         rec.memsize = memsize
         rec.ledger.limit = self.mem_limit(rec)
 

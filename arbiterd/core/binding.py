@@ -91,12 +91,9 @@ def _check_one_gpu(allocs: list[Allocation]) -> None:
             f"GPU-core on GPU {','.join(map(str, core))}: a container's memory and core must be on the same GPU")
 
 
-def bind(arb: Arbiter, who: Claimant, now: int) -> Bound | None:
-    """Bind the allocations ``who`` presents; None when none apply. Raises IdentityError when refused.
-
-    Not atomic when provisioning is refused (a card's weights are full): the
-    caller tries it on a copy of the arbiter first, as admin writes do.
-    """
+def claim(arb: Arbiter, who: Claimant) -> tuple[list[Allocation], set[str]] | None:
+    """The allocations ``who`` presents and the containers it takes them over from (a restarted container of the
+    same pod); None when none apply. Raises IdentityError when it is refused. Changes nothing."""
     mode = arb.config.allocations
     if mode == "off":
         return None
@@ -118,6 +115,34 @@ def bind(arb: Arbiter, who: Claimant, now: int) -> Bound | None:
         raise IdentityError(f"allocation {a.id} is bound to another container ({a.bound}); container "
                             f"{who.instance} may not use it")
     _check_one_gpu(allocs)
+    return allocs, takeover
+
+
+def check(arb: Arbiter, who: Claimant) -> None:
+    """Raise a CoreError (one line) if ``who`` may not bind what it presents, or its records may not be provisioned
+    from them; change nothing."""
+    claimed = claim(arb, who)
+    if claimed is None:
+        return
+    allocs, takeover = claimed
+    ids = {a.id for a in allocs}
+    freed: dict[int, int] = defaultdict(int)  # weight the containers taken over from give up, by GPU
+    for old in takeover:
+        keep = settings_of(a for a in arb.allocations.bound_to(old) if a.id not in ids)
+        for (gpu, name), rec in arb.records.items():
+            if name == old and rec.provisioned:
+                freed[gpu] += arb.scheds[gpu].instances[name].weight - (keep[gpu].weight if gpu in keep else 0)
+    mine = [a for a in arb.allocations.bound_to(who.instance) if a.id not in ids]
+    arb.check_provision(who.instance, settings_of([*mine, *allocs]), freed)
+
+
+def bind(arb: Arbiter, who: Claimant, now: int) -> Bound | None:
+    """Bind the allocations ``who`` presents; None when none apply. Raises IdentityError when refused, and a
+    CoreError when its records may not be provisioned from them: :func:`check` first, which changes nothing."""
+    claimed = claim(arb, who)
+    if claimed is None:
+        return None
+    allocs, takeover = claimed
     gpus = sorted({g for a in allocs for g in a.gpus})
     changed = any(a.bound != who.instance for a in allocs) or any((g, who.instance) not in arb.records
                                                                    for g in gpus)

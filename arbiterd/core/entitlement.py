@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from arbiterd.core.model import InstanceState
 
@@ -46,13 +45,6 @@ class DemandSet:
     ns: int = 0
     after: dict[str, DemandSet] = field(default_factory=dict)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> DemandSet:
-        """A copy without its links, which only remember what a toggle leads to: copied, they would take the copy
-        (the daemon copies the whole core to try an admin write) through the graph one frame per set, past
-        Python's recursion limit once a GPU has seen a hundred sets."""
-        new = DemandSet(self.active, dict(self.shares), self.ns)
-        memo[id(self)] = new
-        return new
 
 
 class Entitlement:

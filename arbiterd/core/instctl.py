@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
@@ -50,6 +51,12 @@ def parse_gpus(arb: Arbiter, text: str) -> list[int]:
 
 def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
     """Carry out one ``inst_ctl`` command."""
+    return plan(arb, command)(now)
+
+
+def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
+    """Check one ``inst_ctl`` command, changing nothing (a CoreError with a one-line reason if it may not be
+    carried out), and return what carries it out."""
     try:
         words = shlex.split(command)
     except ValueError as exc:
@@ -66,13 +73,15 @@ def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
         opts[key] = val
     gpus = parse_gpus(arb, opts.pop("gpu")) if "gpu" in opts else None
     if verb == "remove":
-        return arb.unprovision(name, gpus, now)
+        arb.check_unprovision(name, gpus)
+        return lambda now: arb.unprovision(name, gpus, now)
     if "core" in opts and "weight" in opts:
         raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
     uid = _uid(name, opts.pop("uid")) if "uid" in opts else None
     values = {_OPTION[k]: INSTANCE[_OPTION[k]].parse(v) for k, v in opts.items()}
-    return arb.provision(name, gpus if gpus is not None else sorted(arb.scheds), InstanceSettings(**values), now,
-                         host_uid=uid)
+    settings = dict.fromkeys(gpus if gpus is not None else sorted(arb.scheds), InstanceSettings(**values))
+    arb.check_provision(name, settings)
+    return lambda now: arb.provision_each(name, settings, now, uid)
 
 
 def _uid(name: str, text: str) -> int:
@@ -83,4 +92,4 @@ def _uid(name: str, text: str) -> int:
     return int(text)
 
 
-__all__ = ["listing", "run"]
+__all__ = ["listing", "plan", "run"]

@@ -103,20 +103,13 @@ class GpuScheduler:
     def held_ns(self, name: str, now: int) -> int:
         """Time ``name`` has held this GPU, including a lease still running."""
         inst = self._inst(name)
-        total = inst.held_ns
-        for lease in self.holders():
-            if lease.inst is inst:
-                total += now - lease.granted_ns
-        return total
+        return inst.held_ns + sum(now - lease.granted_ns for lease in self.holders() if lease.inst is inst)
 
     def useful_ns(self, name: str, now: int) -> int:
         """Time ``name`` was billed for (held less hand-overs), including a lease still running."""
         inst = self._inst(name)
-        total = inst.useful_ns
-        for lease in self.holders():
-            if lease.inst is inst:
-                total += max(0, now - lease.granted_ns - lease.extension_ns)
-        return total
+        return inst.useful_ns + sum(max(0, now - lease.granted_ns - lease.extension_ns) for lease in self.holders()
+                                    if lease.inst is inst)
 
     def busy_ns(self, now: int) -> int:
         since = self.rq.busy_since
@@ -213,22 +206,30 @@ class GpuScheduler:
         return effects
 
     # --------------------------------------------------------------- settings
+    def check(self, name: str, value: int) -> None:
+        """Raise a CoreError (one line) if the GPU setting ``name`` may not be ``value`` now; change nothing."""
+        if name not in self._setters:
+            raise NotFoundError(f"no GPU setting {name}")
+        GPU[name].valid(value)
+        s = self.settings
+        if name in ("slice_min_ms", "slice_max_ms"):
+            lo, hi = (value, s.slice_max_ms) if name == "slice_min_ms" else (s.slice_min_ms, value)
+            if lo > hi:
+                raise ConflictError(f"{name}: slice_min_ms {lo} would be above slice_max_ms {hi}")
+        elif name == "max_inst":
+            used = sum(i.weight for i in self.instances.values())
+            if value < used:
+                raise ConflictError(f"max_inst {value} is below the sum of weights {used}")
+
     def set(self, name: str, value: int, now: int) -> list[Effect]:
         """Set the GPU setting ``name`` (a key of :data:`arbiterd.core.settings.GPU`)."""
-        try:
-            setter = self._setters[name]
-        except KeyError:
-            raise NotFoundError(f"no GPU setting {name}") from None
-        return setter(value, now)
+        self.check(name, value)
+        return self._setters[name](value, now)
 
     def _set_slice_bound(self, name: str, value: int, now: int) -> list[Effect]:
         """``slice_min_ms``, ``slice_max_ms`` or ``handover_target_pct``: what ``slice_ms = auto`` may do."""
-        GPU[name].valid(value)
-        s = self.settings
-        lo, hi = (value, s.slice_max_ms) if name == "slice_min_ms" else (s.slice_min_ms, value)
-        if name != "handover_target_pct" and lo > hi:
-            raise ConflictError(f"{name}: slice_min_ms {lo} would be above slice_max_ms {hi}")
-        setattr(s, name, value)
+        self.check(name, value)
+        setattr(self.settings, name, value)
         self._refresh_slice(now)
         return self.policy.schedule(now)
 
@@ -261,10 +262,7 @@ class GpuScheduler:
         return effects
 
     def set_max_inst(self, value: int, now: int) -> list[Effect]:
-        GPU["max_inst"].valid(value)
-        used = sum(i.weight for i in self.instances.values())
-        if value < used:
-            raise ConflictError(f"max_inst {value} is below the sum of weights {used}")
+        self.check("max_inst", value)
         self.settings.max_inst = value
         self.policy.changed(now)
         return self._resharing(self.policy.schedule(now), now)
@@ -287,15 +285,18 @@ class GpuScheduler:
         self.settings.overrun_ms = value
         return self.policy.schedule(now)
 
-    def set_weight(self, name: str, weight: int, now: int) -> list[Effect]:
+    def check_weight(self, name: str, weight: int) -> None:
+        """Raise a CoreError (one line) if instance ``name`` may not have ``weight``; change nothing."""
         inst = self._inst(name)
         INSTANCE["weight"].check(weight, self.settings.max_inst)
         others = sum(i.weight for i in self.instances.values() if i is not inst)
         if others + weight > self.settings.max_inst:
-            raise ConflictError(
-                f"weight {weight} would make the sum {others + weight} exceed max_inst "
-                f"{self.settings.max_inst} on GPU {self.index}"
-            )
+            raise ConflictError(f"weight {weight} would make the sum {others + weight} exceed max_inst "
+                                f"{self.settings.max_inst} on GPU {self.index}")
+
+    def set_weight(self, name: str, weight: int, now: int) -> list[Effect]:
+        self.check_weight(name, weight)
+        inst = self.instances[name]
         inst.weight = weight
         self.policy.changed(now)
         return self._resharing(self.policy.schedule(now), now)

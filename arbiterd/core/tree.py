@@ -42,7 +42,7 @@ ALLOC_FILES = ("alloc_ctl",)  # listed only while allocations are on (the seed's
 _SEED_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # cGPU's order first
 GPU_FILES = _SEED_GPU + tuple(n for n in GPU if n not in _SEED_GPU) + ("busy_ms",)
 INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo")
-__all__ = ["GPU_FILES", "INST_FILES", "MAJOR", "read", "valid_instance_id", "write"]
+__all__ = ["GPU_FILES", "INST_FILES", "MAJOR", "Write", "plan", "read", "valid_instance_id", "write"]
 
 
 def _split(path: str) -> list[str]:
@@ -120,44 +120,81 @@ def read(arb: Arbiter, path: str, now: int) -> str:
 
 
 def write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
-    """Apply ``value`` to the file at ``path``; refuse with a one-line reason."""
-    effects = _write(arb, path, value, now)
-    return effects + arb.promote(now)  # weight it freed goes to instances waiting at weight 0
+    """Apply ``value`` to the file at ``path``; refuse with a one-line reason, changing nothing."""
+    return plan(arb, path, value)(now)
 
 
-def _write(arb: Arbiter, path: str, value: str, now: int) -> list[Effect]:
+Write = Callable[[int], list[Effect]]
+
+
+def plan(arb: Arbiter, path: str, value: str) -> Write:
+    """Check that ``value`` may be written to the file at ``path`` now, changing nothing (a CoreError with a
+    one-line reason if not), and return what writes it, at a time it is given: it does not fail."""
+    apply = _plan(arb, path, value)
+
+    def write_it(now: int) -> list[Effect]:
+        return apply(now) + arb.promote(now)  # weight it freed goes to instances waiting at weight 0
+
+    return write_it
+
+
+def _plan(arb: Arbiter, path: str, value: str) -> Write:
     if "\n" in value.strip():
         raise SettingError("expected a single line")
     if is_dir(arb, path):
         raise ReadOnlyError(f"{path.strip('/') or '/'} is a folder")
     parts = _split(path)
     if len(parts) == 1:
-        name = parts[0]
-        if name == "inst_ctl":
-            return instctl.run(arb, value, now)
-        if name == "alloc_ctl":
-            return allocctl.run(arb, value, now)
-        if name in GLOBAL:
-            arb.set_global(name, GLOBAL[name].parse(value))
-            return []
-        if name == "version":
-            raise ReadOnlyError("version is read-only")
-    elif len(parts) == 2:
+        return _plan_global(arb, parts[0], value)
+    if len(parts) == 2:
         sched, key = _gpu(arb, parts[0]), parts[1]
         if key in GPU_READONLY:
             raise ReadOnlyError(f"{sched.index}/{key} is read-only")
         if key in GPU:
-            return sched.set(key, GPU[key].parse(value), now)
+            number = GPU[key].parse(value)
+            sched.check(key, number)
+            return lambda now: sched.set(key, number, now)
     elif len(parts) == 3:
-        sched, key = _gpu(arb, parts[0]), parts[2]
-        rec = arb.record(sched.index, parts[1])
-        if key in INSTANCE_READONLY:
-            raise ReadOnlyError(f"{sched.index}/{rec.name}/{key} is read-only")
-        if key == "weight":
-            return sched.set_weight(rec.name, INSTANCE[key].parse(value), now)
-        if key == "highprio":
-            return sched.set_highprio(rec.name, INSTANCE[key].parse(value), now)
-        if key == "memsize":
-            arb.set_memsize(sched.index, rec.name, INSTANCE[key].parse(value))
-            return []
+        return _plan_instance(arb, _gpu(arb, parts[0]), parts[1], parts[2], value)
     raise NotFoundError(f"no such path: {path}")
+
+
+def _plan_global(arb: Arbiter, name: str, value: str) -> Write:
+    if name == "inst_ctl":
+        return instctl.plan(arb, value)
+    if name == "alloc_ctl":
+        return allocctl.plan(arb, value)
+    if name in GLOBAL:
+        setting = GLOBAL[name].check(GLOBAL[name].parse(value))
+
+        def set_global(now: int) -> list[Effect]:
+            arb.set_global(name, setting)
+            return []
+
+        return set_global
+    if name == "version":
+        raise ReadOnlyError("version is read-only")
+    raise NotFoundError(f"no such path: {name}")
+
+
+def _plan_instance(arb: Arbiter, sched: GpuScheduler, name: str, key: str, value: str) -> Write:
+    rec = arb.record(sched.index, name)
+    if key in INSTANCE_READONLY:
+        raise ReadOnlyError(f"{sched.index}/{rec.name}/{key} is read-only")
+    if key == "weight":
+        weight = INSTANCE[key].parse(value)
+        sched.check_weight(rec.name, weight)
+        return lambda now: sched.set_weight(rec.name, weight, now)
+    if key == "highprio":
+        highprio = INSTANCE[key].check(INSTANCE[key].parse(value))
+        return lambda now: sched.set_highprio(rec.name, highprio, now)
+    if key == "memsize":
+        memsize = INSTANCE[key].parse(value)
+        arb.check_memsize(sched.index, rec.name, memsize)
+
+        def set_memsize(now: int) -> list[Effect]:
+            arb.set_memsize(sched.index, rec.name, memsize)
+            return []
+
+        return set_memsize
+    raise NotFoundError(f"no such path: {sched.index}/{name}/{key}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hmac
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -23,11 +22,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from arbiterd.core import tree
 from arbiterd.core.errors import CoreError
 from arbiterd.server.hub import Hub
 from arbiterd.server.metrics import ArbiterCollector
-from arbiterd.server.status import DaemonStatus
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -37,7 +34,6 @@ class Admin:
     """What the admin handlers work on."""
 
     hub: Hub
-    status: Callable[[], DaemonStatus]
     token: str | None
     registry: CollectorRegistry
 
@@ -67,7 +63,7 @@ async def token_auth(request: web.Request, handler: Handler) -> web.StreamRespon
 
 async def get_tree(request: web.Request) -> web.Response:
     try:
-        return _text(tree.read(request.app[ADMIN].hub.arbiter, request.match_info["path"], time.monotonic_ns()))
+        return _text(request.app[ADMIN].hub.read(request.match_info["path"]))
     except CoreError as exc:
         return _refusal(exc)
 
@@ -89,7 +85,7 @@ async def put_tree(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[ADMIN].status().to_json())
+    return web.json_response(request.app[ADMIN].hub.status().to_json())
 
 
 async def get_metrics(request: web.Request) -> web.Response:
@@ -97,11 +93,11 @@ async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_admin_app(hub: Hub, status: Callable[[], DaemonStatus], token: str | None = None) -> web.Application:
+def make_admin_app(hub: Hub, token: str | None = None) -> web.Application:
     app = web.Application(middlewares=[token_auth], client_max_size=8192)
     registry = CollectorRegistry()
-    registry.register(ArbiterCollector(hub, status))
-    app[ADMIN] = Admin(hub, status, token, registry)
+    registry.register(ArbiterCollector(hub))
+    app[ADMIN] = Admin(hub, token, registry)
     app.router.add_get(r"/v1/tree{path:(/.*)?}", get_tree)
     app.router.add_put(r"/v1/tree{path:(/.*)?}", put_tree)
     app.router.add_get("/v1/status", get_status)

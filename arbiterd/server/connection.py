@@ -14,20 +14,17 @@ closed and its buffer freed.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 import cgpu_protocol as p
 from arbiterd import __version__
 from arbiterd.core.errors import CoreError, IdentityError
-from arbiterd.core.settings import INSTANCE, InstanceSettings
-from arbiterd.server import status as status_mod
 from arbiterd.server.hub import Hub
 from arbiterd.server.identity import Peer, peer_pidfd
 from arbiterd.server.intake import REGISTER_COST, STATS_COST, Account
@@ -49,9 +46,11 @@ def peer_credentials(sock: socket.socket | None) -> tuple[int, int, int]:
 
 
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, hub: Hub, status: Callable[[], status_mod.DaemonStatus]) -> None:
+    """Frames in and out, the handshake, and each request handed to the hub (:meth:`Hub.serve`), in order, under
+    its tenant's share of the loop."""
+
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.status = status
         self.transport: asyncio.Transport | None = None
         self.decoder = p.Decoder()
         self.encoder = p.Encoder()
@@ -93,7 +92,6 @@ class ClientConnection(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=hub.config.max_unread_bytes)
         self.account = hub.intake.account(self.peer.tenant)
         self.cid = hub.attach(self)
-        hub.arbiter.connect(self.cid, self.pid, self.uid)
 
     def pause_writing(self) -> None:
         """The replies this client has not read passed ``max_unread_bytes``: it is closed, its buffer freed."""
@@ -140,7 +138,8 @@ class ClientConnection(asyncio.Protocol):
             except p.ProtocolError as exc:
                 self._bad_frame(exc)
                 return
-        acct, intake = self.account, self.hub.intake
+        hub = self.hub
+        acct, intake = self.account, hub.intake
         if acct.turn != intake.turn:  # a new turn: its count starts again
             acct.turn, acct.used = intake.turn, 0
         used, limit = acct.used, intake.limit
@@ -162,14 +161,12 @@ class ClientConnection(asyncio.Protocol):
                     continue
                 if not self.greeted:
                     self.greet(msg)
+                elif type(msg) is p.Bye:
+                    self.close()
                 else:
                     try:
-                        handler = _HANDLERS.get(type(msg))
-                        if handler is None:
-                            raise p.ProtocolError("bad_request", f"{msg.OP} is not a request")
-                        if handler in _COSTLY:
-                            used += _COSTLY[handler]
-                        handler(self, msg)
+                        used += _COSTLY.get(type(msg), 0)
+                        hub.serve(self, msg, self.arrived_ns)
                     except CoreError as exc:  # refused: answered, and the connection stays
                         self.send(p.Error(exc.code, str(exc), getattr(msg, "id", None)))
                     except p.ProtocolError as exc:
@@ -248,97 +245,6 @@ class ClientConnection(asyncio.Protocol):
         self.greeted = True
         self.send(p.Welcome(max(common), f"arbiterd/{__version__}", p.MAX_MESSAGE, "CLOCK_MONOTONIC"))
 
-    def register(self, msg: p.Register) -> None:
-        hub = self.hub
-        if self.instance is not None:
-            raise IdentityError(f"this connection is already registered as {self.instance}")
-        ident = hub.identity.identify(self.peer, msg.instance, hub.arbiter.host_owner)
-        instance = ident.instance
-        hub.admit_instance(self.peer, instance)
-        gpus = [hub.gpu_index(g) for g in msg.gpus]
-        memsize = msg.memsize or []
-        requested: dict[int, InstanceSettings] = {}
-        for i, gpu in enumerate(gpus):
-            values = {"weight": 1 if msg.weight is None else msg.weight,
-                      "highprio": 0 if msg.highprio is None else msg.highprio,
-                      "memsize": memsize[min(i, len(memsize) - 1)] if memsize else 0}
-            if msg.core_percent is not None:
-                values["core_percent"] = msg.core_percent
-            requested[gpu] = InstanceSettings(**{k: INSTANCE[k].check(v) for k, v in values.items()})
-        bound = hub.bind(self.peer, ident)
-        notes: list[str] = []
-        if bound is not None and sorted(set(gpus)) != bound.gpus:
-            notes.append(f"GPU {','.join(map(str, bound.gpus))} from allocation {', '.join(bound.allocations)} "
-                         f"(asked for GPU {','.join(map(str, gpus))})")
-            gpus = bound.gpus
-        counted = self.peer.uid if self.peer.container is None and self.peer.uid > 0 else None  # root: trusted
-        reg, effects = hub.arbiter.register(self.cid, instance, gpus, requested, time.monotonic_ns(),
-                                            host_uid=ident.host_uid, creator_uid=counted)
-        self.instance = instance
-        hub.registered(self)
-        for w in reg.warnings:
-            hub.client_log.log(f"warned {instance} {w[:60]}", logging.WARNING, "client %d (pid %d): %s", self.cid,
-                               self.pid, w)
-        self.send(p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus],
-                               notes + reg.warnings))
-        hub.apply(effects)
-
-    def acquire(self, msg: p.Acquire) -> None:
-        self.hub.apply(self.hub.arbiter.acquire(self.cid, msg.gpu, self.arrived_ns), msg.gpu)
-
-    def release(self, msg: p.Release) -> None:
-        hub = self.hub
-        effects, _ = hub.arbiter.release(self.cid, msg.gpu, msg.lease, self.arrived_ns, again=msg.again,
-                                         used_ns=msg.used_ns, warmup_ns=msg.warmup_ns)
-        if msg.id is not None:
-            self.send(p.Ok(msg.id))
-        hub.released(effects, msg.gpu)
-
-    def mem_reserve(self, msg: p.MemReserve) -> None:
-        dec = self.hub.arbiter.mem_reserve(self.cid, msg.gpu, msg.bytes)
-        if dec.ok:
-            self.send(p.Ok(msg.id, dec.used, dec.limit))
-        else:
-            self.send(p.Denied(msg.id, dec.used, dec.limit, dec.reason))
-
-    def mem_free(self, msg: p.MemFree) -> None:
-        dec = self.hub.arbiter.mem_free(self.cid, msg.gpu, msg.bytes)
-        if msg.id is not None:
-            self.send(p.Ok(msg.id, dec.used, dec.limit))
-
-    def mem_query(self, msg: p.MemQuery) -> None:
-        dec = self.hub.arbiter.mem_query(self.cid, msg.gpu)
-        self.send(p.Ok(msg.id, dec.used, dec.limit))
-
-    def stats(self, msg: p.Stats) -> None:
-        """This client's GPUs, showing only its own instance (nothing of other tenants), from a status at most
-        STATS_MAX_AGE_NS old: however many clients ask, the daemon builds it at most ten times a second."""
-        hub = self.hub
-        info = hub.arbiter.client(self.cid)
-        now = time.monotonic_ns()
-        cached = hub.stats_cache
-        if cached is None or now - cached[0] > STATS_MAX_AGE_NS:
-            cached = hub.stats_cache = (now, self.status().to_json())
-        gpus = [{**{k: v for k, v in g.items() if k in STATS_GPU_FIELDS},
-                 "instances": [i for i in g["instances"] if i["id"] == info.instance]}
-                for g in cached[1]["gpus"] if g["index"] in info.gpus]
-        self.send(p.StatsReply(msg.id, gpus))
-
 
 # requests that cost the daemon much more than a grant, and count as that many more (intake.py)
-_COSTLY: dict[Callable[[ClientConnection, Any], None], int] = {
-    ClientConnection.stats: STATS_COST - 1, ClientConnection.register: REGISTER_COST - 1}
-STATS_MAX_AGE_NS = 100_000_000
-# what a client learns of a GPU: what it is and how it is set, nothing that sums the other tenants' activity
-# (memory in use, grants, busy time, free weight, allocations, measured hand-overs)
-STATS_GPU_FIELDS = frozenset({"index", "uuid", "name", "simulated", "total_mem", "policy", "policy_name", "max_inst",
-                              "prio_ratio", "slice_ms", "slice_effective_ms", "slice_min_ms", "slice_max_ms",
-                              "handover_target_pct", "overrun_ms"})
-
-# each request's handler, by its message class: one lookup instead of a chain of isinstance tests per message
-_HANDLERS: dict[type[p.Message], Callable[[ClientConnection, Any], None]] = {
-    p.Acquire: ClientConnection.acquire, p.Release: ClientConnection.release,
-    p.MemReserve: ClientConnection.mem_reserve, p.MemFree: ClientConnection.mem_free,
-    p.MemQuery: ClientConnection.mem_query, p.Register: ClientConnection.register,
-    p.Stats: ClientConnection.stats, p.Bye: lambda conn, msg: conn.close(),
-}
+_COSTLY: dict[type[p.Message], int] = {p.Stats: STATS_COST - 1, p.Register: REGISTER_COST - 1}

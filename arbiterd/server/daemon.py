@@ -21,15 +21,13 @@ from typing import Any
 from aiohttp import web
 
 from arbiterd import __version__
-from arbiterd.core import state as core_state
-from arbiterd.core.errors import CoreError
 from arbiterd.server import reload as reload_mod
 from arbiterd.server import status as status_mod
 from arbiterd.server.admin import make_admin_app
 from arbiterd.server.config import DEFAULT_CLIENT_MODE, DEFAULT_SOCKET_GROUP, Config
 from arbiterd.server.connection import ClientConnection
 from arbiterd.server.devices import discover
-from arbiterd.server.hub import Hub, new_arbiter
+from arbiterd.server.hub import Hub
 from arbiterd.server.persist import StateStore
 from arbiterd.server.sockets import StartupError, bind_unix, group_id, load_token, secure_dir
 from arbiterd.server.systemd import Notifier, listen_fds
@@ -68,50 +66,24 @@ class Daemon:
     def __init__(self, config: Config, flags: dict[str, Any] | None = None) -> None:
         self.flags = flags or {}
         self.hub = Hub(config, discover(config.sim_gpus), StateStore(config.state_dir))
-        self.state_problem: str | None = None
         self.notifier = Notifier()
-        self.history = status_mod.History()
-        self.started_at = time.time()
         self._servers: list[asyncio.AbstractServer] = []
         self._bound_paths: list[Path] = []
         self._admin_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._signals = 0
-        self._restore_state(time.monotonic_ns())
-
-    def _restore_state(self, now: int) -> None:
-        hub = self.hub
-        secure_dir(Path(hub.config.state_dir), 0o700, "state dir")
-        doc, problem = hub.store.load()
-        if doc is not None:
-            try:
-                skipped = core_state.restore(hub.arbiter, doc, now)
-                for w in skipped:
-                    log.error("%s", w)
-                if skipped:  # the rest is in force; the file as it was is kept beside it
-                    problem = hub.store.keep_copy(f"{len(skipped)} item(s) failed their checks and were skipped")
-                log.info("restored settings from %s", hub.store.path)
-            except CoreError as exc:
-                hub.arbiter = new_arbiter(hub.config, hub.gpus, now)
-                problem = hub.store.set_aside(str(exc))
-        if problem:
-            self.state_problem = problem
-            log.error("STATE FILE PROBLEM: %s", problem)
+        secure_dir(Path(config.state_dir), 0o700, "state dir")
+        self.hub.restore_state(time.monotonic_ns())
 
     def status(self) -> status_mod.DaemonStatus:
-        hub = self.hub
-        return status_mod.build(hub.arbiter, hub.gpus, self.history, clients=len(hub.peers),
-                                started_at=self.started_at, state_file=str(hub.store.path),
-                                state_problem=self.state_problem)
+        return self.hub.status()
 
     def status_line(self) -> str:
-        hub = self.hub
-        return (f"STATUS={len(hub.gpus)} GPU(s), {len(hub.arbiter.records)} instance(s), "
-                f"{len(hub.peers)} client(s)")
+        return f"STATUS={self.hub.summary()}"
 
     def _connection(self) -> ClientConnection:
-        return ClientConnection(self.hub, self.status)
+        return ClientConnection(self.hub)
 
     # ------------------------------------------------------------ start
     async def start(self) -> None:
@@ -134,7 +106,7 @@ class Daemon:
             log.info("using %d socket(s) passed by the service manager: %s", len(passed), ", ".join(passed))
         self._servers.append(await loop.create_unix_server(self._connection, sock=client_sock))
         token = load_token(Path(cfg.state_dir) / "admin.token") if cfg.admin_listen else None
-        runner = web.AppRunner(make_admin_app(self.hub, self.status, token), access_log=None, handle_signals=False)
+        runner = web.AppRunner(make_admin_app(self.hub, token), access_log=None, handle_signals=False)
         await runner.setup()
         self._admin_runner = runner
         await web.SockSite(runner, admin_sock).start()
@@ -143,12 +115,12 @@ class Daemon:
             await web.TCPSite(runner, host.strip("[]"), int(port)).start()
             log.info("admin API also on http://%s (bearer token in %s)", cfg.admin_listen,
                      Path(cfg.state_dir) / "admin.token")
-        self.history.sample(self.hub.arbiter, time.monotonic_ns())
+        self.hub.sample()
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         if self.notifier.watchdog_usec:
             self._tasks.append(asyncio.create_task(self._watchdog()))
         # what start-up made (imported modules, the admin app) lives as long as the daemon: out of the collector's
-        # sight, a full collection walks only what serving makes, and no longer holds every client ~70 ms
+        # sight, a full collection walks only what serving makes, and pauses the clients no longer than that
         gc.freeze()
         log.info("arbiterd %s serving %d GPU(s) on %s", __version__, len(self.hub.gpus), run_dir / "arbiter.sock")
         self.notifier.send("READY=1", self.status_line(), f"MAINPID={os.getpid()}")
@@ -162,7 +134,7 @@ class Daemon:
         beat = 0
         while True:
             await asyncio.sleep(1.0)
-            self.history.sample(self.hub.arbiter, time.monotonic_ns())
+            self.hub.sample()
             self._drop_stalled()
             beat += 1
             if beat % 5 == 0:

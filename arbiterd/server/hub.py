@@ -1,39 +1,62 @@
-"""The daemon's shared state: the core, the connected clients, and the one place effects become messages.
+"""The one door into the core: every request, admin write and read goes through :class:`Hub`.
 
-:class:`Hub` sits between the sans-I/O core and everything that talks: client
-connections register as peers, the admin API writes through it, and every
-:class:`~arbiterd.core.effects.Effect` the core returns goes out through
-:meth:`Hub.apply`, which also keeps the core's timer armed. It imports none of
-the modules that use it (connection, admin, metrics, daemon).
+The core (arbiterd/core) is plain code on a virtual clock. Around it the hub
+keeps what the server shares: the connected clients and the caps on them, the
+counters, the state file, the status history, and the timer that wakes the
+core. A client's request comes in as a parsed message through
+:meth:`Hub.handle`, which returns the replies for that client and the
+:class:`~arbiterd.core.effects.Effect` list the core decided on;
+:meth:`Hub.deliver` sends both, turning each effect into its wire message for
+the peer it names, and keeps the core's timer armed. An admin write is checked
+by the core before anything changes and applied only then
+(:meth:`Hub.admin_write`). Status, metrics and the tree are read through
+:meth:`Hub.status` and :meth:`Hub.read`. It imports none of the modules that use
+it (connection, admin, metrics, daemon).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
+import dataclasses
 import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+import cgpu_protocol as p
 from arbiterd.core import binding, tree
 from arbiterd.core import state as core_state
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
 from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.effects import Grant as GrantEffect
-from arbiterd.core.errors import BusyError, IdentityError, NotFoundError
-from arbiterd.server import identity, tokens
+from arbiterd.core.errors import BusyError, CoreError, IdentityError, NotFoundError
+from arbiterd.core.settings import GPU, INSTANCE, InstanceSettings
+from arbiterd.server import identity, status, tokens
 from arbiterd.server.config import Config, default_memsize
 from arbiterd.server.counters import Counters
 from arbiterd.server.identity import Identity, IdentityResolver
 from arbiterd.server.intake import Intake
 from arbiterd.server.lograte import LogRate
 from arbiterd.server.persist import StateStore
-from cgpu_protocol import Grant, Message, Revoke
 
 log = logging.getLogger("arbiterd")
 _K = TypeVar("_K")
+STATS_MAX_AGE_NS = 100_000_000  # a client's stats are answered from a status at most this old
+# what a client learns of a GPU: what it is and how it is set, nothing that sums the other tenants' activity
+# (memory in use, grants, busy time, free weight, allocations, measured hand-overs)
+STATS_GPU_FIELDS = frozenset({"index", "uuid", "name", "simulated", "total_mem", "policy", "policy_name", "max_inst",
+                              "prio_ratio", "slice_ms", "slice_effective_ms", "slice_min_ms", "slice_max_ms",
+                              "handover_target_pct", "overrun_ms"})
+NO_REPLY: tuple[p.Message, ...] = ()
+NO_TIMER = -1  # an outcome that cannot move any deadline: the timer is not looked at
+STATE_ROOM = 4096  # what one admin write may add to the state file, at most (tried before it is made)
+
+
+# What a request comes to: the replies for its client, the core's effects, and the one GPU whose timer they may
+# move (None: any; NO_TIMER: none). A plain tuple: one is built per request.
+Outcome = tuple[Sequence[p.Message], list[Effect], int | None]
 
 
 def _drop(counter: Counter[_K], key: _K) -> None:
@@ -47,10 +70,11 @@ class Peer(Protocol):
 
     cid: int
     pid: int
+    uid: int
     peer: identity.Peer  # who it is, fixed when it connected
     instance: str | None  # set once it registered
 
-    def send(self, msg: Message) -> None: ...
+    def send(self, msg: p.Message) -> None: ...
 
     def close(self) -> None: ...
 
@@ -79,35 +103,16 @@ class Hub:
         self.by_instance: Counter[str] = Counter()  # registered connections of host processes, by instance
         self.intake = Intake()
         self.client_log = LogRate(logging.getLogger("arbiterd.clients"))  # lines a client can cause, rate-bound
-        self.stats_cache: tuple[int, dict[str, Any]] | None = None  # (when, status) that stats requests answer from
         self.counters = Counters()
+        self.history = status.History()
+        self.started_at = time.time()
+        self.state_problem: str | None = None  # what went wrong with the state file at start, if anything
+        self._stats_doc: tuple[int, dict[str, Any]] | None = None  # (when, status) that stats requests answer from
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
 
     # ----------------------------------------------------------- clients
-    def attach(self, peer: Peer) -> int:
-        cid = next(self._ids)
-        self.peers[cid] = peer
-        who = peer.peer
-        if who.container is not None:
-            self.by_container[who.container] += 1
-        else:
-            self.by_uid[who.uid] += 1
-        return cid
-
-    def detach(self, cid: int) -> None:
-        peer = self.peers.pop(cid, None)
-        if peer is not None:
-            who = peer.peer
-            if who.container is not None:
-                _drop(self.by_container, who.container)
-            else:
-                _drop(self.by_uid, who.uid)
-            if who.container is None and peer.instance is not None:
-                _drop(self.by_instance, peer.instance)
-            self.apply(self.arbiter.disconnect(cid, time.monotonic_ns()))
-
     def admit(self, who: identity.Peer) -> tuple[str, str] | None:
         """Why a new connection of ``who`` is refused, as (reason, one line); None: it is let in."""
         cfg = self.config
@@ -123,7 +128,79 @@ class Hub:
                            f"{cfg.max_clients_per_uid} (max_clients_per_uid)")
         return None
 
-    def admit_instance(self, who: identity.Peer, instance: str) -> None:
+    def attach(self, peer: Peer) -> int:
+        """A connection let in (:meth:`admit`): its client id."""
+        cid = next(self._ids)
+        self.peers[cid] = peer
+        who = peer.peer
+        if who.container is not None:
+            self.by_container[who.container] += 1
+        else:
+            self.by_uid[who.uid] += 1
+        self.arbiter.connect(cid, peer.pid, peer.uid)
+        return cid
+
+    def detach(self, cid: int) -> None:
+        peer = self.peers.pop(cid, None)
+        if peer is not None:
+            who = peer.peer
+            if who.container is not None:
+                _drop(self.by_container, who.container)
+            else:
+                _drop(self.by_uid, who.uid)
+            if who.container is None and peer.instance is not None:
+                _drop(self.by_instance, peer.instance)
+            self.apply(self.arbiter.disconnect(cid, time.monotonic_ns()))
+
+    # ---------------------------------------------------------- requests
+    def handle(self, client: Peer, msg: p.Message, now: int) -> Outcome:
+        """What ``client``'s request ``msg``, arrived at ``now``, comes to. Raises a CoreError (refused: nothing
+        changed) or a ProtocolError (not a request)."""
+        handler = _REQUESTS.get(type(msg))
+        if handler is None:
+            raise p.ProtocolError("bad_request", f"{msg.OP} is not a request")
+        return handler(self, client, msg, now)
+
+    def serve(self, client: Peer, msg: p.Message, now: int) -> None:
+        """:meth:`handle`, then :meth:`deliver`."""
+        self.deliver(client, self.handle(client, msg, now))
+
+    def deliver(self, client: Peer, outcome: Outcome) -> None:
+        """Send ``client`` its replies, then every effect to its peer, and keep the timer armed."""
+        replies, effects, gpu = outcome
+        for reply in replies:
+            client.send(reply)
+        if effects or gpu != NO_TIMER:
+            self.apply(effects, gpu)
+
+    def _register(self, client: Peer, msg: p.Register, now: int) -> Outcome:
+        if client.instance is not None:
+            raise IdentityError(f"this connection is already registered as {client.instance}")
+        arb = self.arbiter
+        ident = self.identity.identify(client.peer, msg.instance, arb.host_owner)
+        instance = ident.instance
+        self._admit_instance(client.peer, instance)
+        gpus = [self.gpu_index(g) for g in msg.gpus]
+        requested = _requested(msg, gpus)
+        bound = self._bind(client.peer, ident)
+        notes: list[str] = []
+        if bound is not None and sorted(set(gpus)) != bound.gpus:
+            notes.append(f"GPU {','.join(map(str, bound.gpus))} from allocation {', '.join(bound.allocations)} "
+                         f"(asked for GPU {','.join(map(str, gpus))})")
+            gpus = bound.gpus
+        counted = client.peer.uid if client.peer.container is None and client.peer.uid > 0 else None  # root: trusted
+        reg, effects = arb.register(client.cid, instance, gpus, requested, time.monotonic_ns(),
+                                    host_uid=ident.host_uid, creator_uid=counted)
+        client.instance = instance
+        if client.peer.container is None:  # a host process counts against its instance's cap from now on
+            self.by_instance[instance] += 1
+        for w in reg.warnings:
+            self.client_log.log(f"warned {instance} {w[:60]}", logging.WARNING, "client %d (pid %d): %s",
+                                client.cid, client.pid, w)
+        reply = p.Registered(msg.id, reg.instance, [dataclasses.asdict(g) for g in reg.gpus], notes + reg.warnings)
+        return (reply,), effects, None
+
+    def _admit_instance(self, who: identity.Peer, instance: str) -> None:
         """Raise BusyError if a host process's registration as ``instance`` would pass that instance's cap (a
         container's connections were counted when they connected)."""
         cap = self.config.max_clients_per_instance
@@ -132,10 +209,42 @@ class Hub:
             raise BusyError(f"instance {instance} holds {self.by_instance[instance]} connections, and may hold "
                             f"{cap} (max_clients_per_instance)")
 
-    def registered(self, peer: Peer) -> None:
-        """``peer`` registered: a host process now counts against its instance's cap."""
-        if peer.peer.container is None and peer.instance is not None:
-            self.by_instance[peer.instance] += 1
+    def _acquire(self, client: Peer, msg: p.Acquire, now: int) -> Outcome:
+        return (NO_REPLY, self.arbiter.acquire(client.cid, msg.gpu, now), msg.gpu)
+
+    def _release(self, client: Peer, msg: p.Release, now: int) -> Outcome:
+        arb = self.arbiter
+        effects, _ = arb.release(client.cid, msg.gpu, msg.lease, now, again=msg.again, used_ns=msg.used_ns,
+                                 warmup_ns=msg.warmup_ns)
+        replies = (p.Ok(msg.id),) if msg.id is not None else NO_REPLY
+        # a release that granted nothing moves no deadline where every client holds its own lease (native)
+        timer = msg.gpu if effects or arb.scheds[msg.gpu].release_moves_timer() else NO_TIMER
+        return (replies, effects, timer)
+
+    def _mem_reserve(self, client: Peer, msg: p.MemReserve, now: int) -> Outcome:
+        dec = self.arbiter.mem_reserve(client.cid, msg.gpu, msg.bytes)
+        reply = p.Ok(msg.id, dec.used, dec.limit) if dec.ok else p.Denied(msg.id, dec.used, dec.limit, dec.reason)
+        return ((reply,), [], NO_TIMER)
+
+    def _mem_free(self, client: Peer, msg: p.MemFree, now: int) -> Outcome:
+        dec = self.arbiter.mem_free(client.cid, msg.gpu, msg.bytes)
+        return ((p.Ok(msg.id, dec.used, dec.limit),) if msg.id is not None else NO_REPLY, [], NO_TIMER)
+
+    def _mem_query(self, client: Peer, msg: p.MemQuery, now: int) -> Outcome:
+        dec = self.arbiter.mem_query(client.cid, msg.gpu)
+        return ((p.Ok(msg.id, dec.used, dec.limit),), [], NO_TIMER)
+
+    def _stats(self, client: Peer, msg: p.Stats, now: int) -> Outcome:
+        """This client's GPUs, showing only its own instance (nothing of other tenants), from a status at most
+        STATS_MAX_AGE_NS old: however many clients ask, the daemon builds it at most ten times a second."""
+        info = self.arbiter.client(client.cid)
+        cached = self._stats_doc
+        if cached is None or now - cached[0] > STATS_MAX_AGE_NS:
+            cached = self._stats_doc = (now, self.status().to_json())
+        gpus = [{**{k: v for k, v in g.items() if k in STATS_GPU_FIELDS},
+                 "instances": [i for i in g["instances"] if i["id"] == info.instance]}
+                for g in cached[1]["gpus"] if g["index"] in info.gpus]
+        return ((p.StatsReply(msg.id, gpus),), [], NO_TIMER)
 
     def gpu_index(self, ref: int | str) -> int:
         """A GPU of this host by index or UUID."""
@@ -147,6 +256,30 @@ class Hub:
                 if g.uuid == ref or (ref.isdigit() and int(ref) == g.index):
                     return g.index
         raise NotFoundError(f"no GPU {ref!r} on this host")
+
+    def _bind(self, who: identity.Peer, ident: Identity) -> binding.Bound | None:
+        """Bind the allocations whose tokens process ``who`` holds (allocations on); None if none apply. Checked
+        by the core first, so a refusal changes nothing; a change is saved."""
+        if self.arbiter.config.allocations == "off":
+            return None
+        mount = self.config.alloc_mount
+        pid = who.pid
+        scan = tokens.scan(self.config.proc_root, pid, mount) if ident.container else tokens.TokenScan()
+        if ident.container and not self.identity.still_there(who):
+            raise IdentityError(f"pid {pid} exited before its allocation tokens could be read")
+        if scan.skipped:
+            self.client_log.log(f"tokens {ident.instance}", logging.WARNING, "container %s (pid %d): %d allocation "
+                                "token(s) not used: %s", ident.instance, pid, len(scan.skipped),
+                                "; ".join(scan.skipped[:3]) + ("; ..." if len(scan.skipped) > 3 else ""))
+        claimant = binding.Claimant(ident.instance, ident.container, ident.pod, frozenset(scan.digests), mount)
+        binding.check(self.arbiter, claimant)
+        bound = binding.bind(self.arbiter, claimant, time.monotonic_ns())
+        if bound is not None and bound.changed:
+            log.info("container %s (pid %d): bound allocation(s) %s on GPU %s", ident.instance, pid,
+                     ", ".join(bound.allocations), ",".join(map(str, bound.gpus)))
+            self.save_state()
+            self.apply(bound.effects)
+        return bound
 
     # ----------------------------------------------------- effects & timer
     def apply(self, effects: list[Effect], gpu: int | None = None) -> None:
@@ -160,10 +293,10 @@ class Hub:
             if peer is None:
                 continue
             if isinstance(eff, GrantEffect):
-                peer.send(Grant(eff.gpu, eff.lease, eff.deadline_ns))
+                peer.send(p.Grant(eff.gpu, eff.lease, eff.deadline_ns))
                 self.counters.granted(eff.waited_ns)
             else:
-                peer.send(Revoke(eff.gpu, eff.lease, eff.reason))
+                peer.send(p.Revoke(eff.gpu, eff.lease, eff.reason))
                 self.counters.revokes_sent += 1
                 if eff.reason == "overrun":
                     if overran is None:
@@ -182,13 +315,6 @@ class Hub:
             self.client_log.log(f"overrun {holders[0].instance}", logging.WARNING, "GPU %d: lease %d of instance %s "
                                 "overran its deadline; revoked (%d client(s), pid %s)", gpu, lease,
                                 holders[0].instance, len(holders), shown)
-
-    def released(self, effects: list[Effect], gpu: int) -> None:
-        """:meth:`apply`, after a release on ``gpu``. Under a concurrent policy (native) a release that granted
-        nothing only ended a lease (base.Policy.concurrent): no deadline came earlier, so the timer is not looked
-        at (the grant path's release: 0.3 us of a pair's 14 in bench.hotpath)."""
-        if effects or self.arbiter.scheds[gpu].release_moves_timer():
-            self.apply(effects, gpu)
 
     def _arm_timer(self, gpu: int | None) -> None:
         """Keep the timer armed at or before the core's next wakeup (an early tick only arms the next).
@@ -221,47 +347,105 @@ class Hub:
             self._timer.cancel()
             self._timer = None
 
-    # ------------------------------------------------------ allocations
-    def bind(self, who: identity.Peer, ident: Identity) -> binding.Bound | None:
-        """Bind the allocations whose tokens process ``who`` holds (allocations on); None if none apply.
+    # ------------------------------------------------- admin, reads, state
+    def read(self, path: str) -> str:
+        """The settings tree's file or folder at ``path``, as text."""
+        return tree.read(self.arbiter, path, time.monotonic_ns())
 
-        Tried on a copy first, so a refusal changes nothing; a change is saved.
-        """
-        if self.arbiter.config.allocations == "off":
-            return None
-        mount = self.config.alloc_mount
-        pid = who.pid
-        scan = tokens.scan(self.config.proc_root, pid, mount) if ident.container else tokens.TokenScan()
-        if ident.container and not self.identity.still_there(who):
-            raise IdentityError(f"pid {pid} exited before its allocation tokens could be read")
-        if scan.skipped:
-            self.client_log.log(f"tokens {ident.instance}", logging.WARNING, "container %s (pid %d): %d allocation "
-                                "token(s) not used: %s", ident.instance, pid, len(scan.skipped),
-                                "; ".join(scan.skipped[:3]) + ("; ..." if len(scan.skipped) > 3 else ""))
-        claimant = binding.Claimant(ident.instance, ident.container, ident.pod, frozenset(scan.digests), mount)
-        now = time.monotonic_ns()
-        if self.arbiter.allocations.by_digest(claimant.digests):  # else bind changes nothing: no trial needed
-            binding.bind(copy.deepcopy(self.arbiter), claimant, now)
-        bound = binding.bind(self.arbiter, claimant, now)
-        if bound is not None and bound.changed:
-            log.info("container %s (pid %d): bound allocation(s) %s on GPU %s", ident.instance, pid,
-                     ", ".join(bound.allocations), ",".join(map(str, bound.gpus)))
-            self.save_state()
-            self.apply(bound.effects)
-        return bound
-
-    # ------------------------------------------------------------ admin
     def admin_write(self, path: str, value: str) -> None:
-        """Apply an admin write only if the new state can be saved first; else change nothing."""
-        now = time.monotonic_ns()
-        trial = copy.deepcopy(self.arbiter)
-        tree.write(trial, path, value, now)
-        self.store.save(core_state.snapshot(trial))
-        self.apply(tree.write(self.arbiter, path, value, now))
+        """Write ``value`` to the tree's file at ``path``: checked by the core first (a CoreError, nothing
+        changed), and applied only once the state directory takes a write of the state's size and room to grow
+        (an OSError, nothing changed); then the new state is saved."""
+        write = tree.plan(self.arbiter, path, value)
+        self.store.check_writable(len(self.store.encode(core_state.snapshot(self.arbiter))) + STATE_ROOM)
+        self.apply(write(time.monotonic_ns()))
         log.info("admin: %s <- %s", path.strip("/"), value.strip())
+        self.save_state()
 
     def save_state(self) -> None:
         try:
             self.store.save(core_state.snapshot(self.arbiter))
         except OSError as exc:
             log.error("state: could not save %s: %s", self.store.path, exc.strerror)
+
+    def restore_state(self, now: int) -> None:
+        """Put back what the state file holds (each item checked; a bad one is skipped and the file kept beside
+        it); a file that cannot be used at all is set aside and the defaults stay."""
+        doc, problem = self.store.load()
+        if doc is not None:
+            try:
+                skipped = core_state.restore(self.arbiter, doc, now)
+                for w in skipped:
+                    log.error("%s", w)
+                if skipped:  # the rest is in force; the file as it was is kept beside it
+                    problem = self.store.keep_copy(f"{len(skipped)} item(s) failed their checks and were skipped")
+                log.info("restored settings from %s", self.store.path)
+            except CoreError as exc:
+                self.arbiter = new_arbiter(self.config, self.gpus, now)
+                problem = self.store.set_aside(str(exc))
+        if problem:
+            self.state_problem = problem
+            log.error("STATE FILE PROBLEM: %s", problem)
+
+    def status(self) -> status.DaemonStatus:
+        """The whole status document, now."""
+        return status.build(self.arbiter, self.gpus, self.history, clients=len(self.peers),
+                            started_at=self.started_at, state_file=str(self.store.path),
+                            state_problem=self.state_problem)
+
+    def handover_meters(self) -> dict[int, tuple[list[int], int]]:
+        """Each GPU's hand-over histogram: the count in each of accounting.BUCKETS, and the sum in ns."""
+        return {g: (list(s.handover.buckets), s.handover.sum_ns) for g, s in self.arbiter.scheds.items()}
+
+    def summary(self) -> str:
+        """One line for systemd: GPUs, instances, clients."""
+        return f"{len(self.gpus)} GPU(s), {len(self.arbiter.records)} instance(s), {len(self.peers)} client(s)"
+
+    def sample(self) -> None:
+        """One sample of every counter, for the shares over the last 1 s and 60 s."""
+        self.history.sample(self.arbiter, time.monotonic_ns())
+
+    def retune(self, old: Config, new: Config, now: int) -> None:
+        """A reload: put in force the per-GPU defaults and the core's options that changed from ``old`` to
+        ``new`` (a GPU that refuses a value keeps its own, with a log line)."""
+        effects: list[Effect] = []
+        for name, setting in GPU.items():
+            before, after = getattr(old.gpu, name), getattr(new.gpu, name)
+            if after == before:
+                continue
+            for gpu, sched in self.arbiter.scheds.items():
+                try:
+                    effects += sched.set(name, after, now)
+                except CoreError as exc:
+                    log.error("reload: GPU %d: %s", gpu, exc)
+            log.info("reload: %s %s -> %s", name, setting.format(before), setting.format(after))
+        acfg, fresh = self.arbiter.config, arbiter_config(new)
+        for name in ("trust_client_env", "linger_ns", "allocations", "overcommit", "clients_shape_gpus",
+                     "max_records_per_uid"):
+            setattr(acfg, name, getattr(fresh, name))
+        if new.default_memsize != old.default_memsize:
+            self.arbiter.set_global("default_memsize", default_memsize(new))
+        self.identity = IdentityResolver(new.identity, new.proc_root, new.host_clients)
+        self.config = new
+        self.apply(effects)
+
+
+def _requested(msg: p.Register, gpus: list[int]) -> dict[int, InstanceSettings]:
+    """The settings a registration states, per GPU (its memsize list: one per GPU, the last repeating)."""
+    memsize = msg.memsize or []
+    out = {}
+    for i, gpu in enumerate(gpus):
+        values = {"weight": 1 if msg.weight is None else msg.weight,
+                  "highprio": 0 if msg.highprio is None else msg.highprio,
+                  "memsize": memsize[min(i, len(memsize) - 1)] if memsize else 0}
+        if msg.core_percent is not None:
+            values["core_percent"] = msg.core_percent
+        out[gpu] = InstanceSettings(**{k: INSTANCE[k].check(v) for k, v in values.items()})
+    return out
+
+
+# each request's handler, by its message class: one lookup instead of a chain of isinstance tests per message
+_REQUESTS: dict[type[p.Message], Callable[[Hub, Peer, Any, int], Outcome]] = {
+    p.Acquire: Hub._acquire, p.Release: Hub._release, p.MemReserve: Hub._mem_reserve, p.MemFree: Hub._mem_free,
+    p.MemQuery: Hub._mem_query, p.Register: Hub._register, p.Stats: Hub._stats,
+}

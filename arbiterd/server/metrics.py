@@ -7,7 +7,7 @@ ms in seconds (``cgpu_gpu_overrun_seconds``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -26,99 +26,115 @@ def metric_name(setting: str) -> str:
 
 
 class ArbiterCollector(Collector):
-    def __init__(self, hub: Hub, status: Callable[[], DaemonStatus]) -> None:
+    """Every metric, from the hub's status document and hand-over meters at each scrape."""
+
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.status = status
 
     def collect(self) -> Iterator[Metric]:
-        doc = self.status()
-        g_, gi = ["gpu"], ["gpu", "instance"]
-        busy = CounterMetricFamily("cgpu_gpu_busy_seconds", "Time some lease was held on the GPU", labels=g_)
-        settings = {name: GaugeMetricFamily(f"cgpu_gpu_{metric_name(name)}", f"GPU setting {name}: {s.help}"
-                                            + (" (in seconds)" if name.endswith("_ms") else ""), labels=g_)
-                    for name, s in GPU.items() if s.kind != "auto"}
-        free_w = GaugeMetricFamily("cgpu_gpu_free_weight", "max_inst minus the sum of weights", labels=g_)
-        total = GaugeMetricFamily("cgpu_gpu_memory_total_bytes", "Device memory", labels=g_)
-        alloc_mem = GaugeMetricFamily("cgpu_gpu_allocated_memory_bytes", "Memory held by allocations (alloc_ctl)",
-                                      labels=g_)
-        alloc_core = GaugeMetricFamily("cgpu_gpu_allocated_core_percent", "GPU-core percent held by allocations",
-                                       labels=g_)
-        grants = CounterMetricFamily("cgpu_grants", "Leases granted", labels=g_)
-        revokes = CounterMetricFamily("cgpu_revocations", "Leases revoked, by reason (overrun: cut off after "
-                                      "overrunning by more than overrun_ms)", labels=["gpu", "reason"])
-        fair = GaugeMetricFamily("cgpu_gpu_fairness_error_ratio", "Over the last 60 s, the largest |delivered - "
-                                 "owed| share among the instances with demand (0.05 = 5 points)", labels=g_)
-        overruns = CounterMetricFamily("cgpu_overruns", "Leases cut off after overrunning their deadline "
-                                       "by more than overrun_ms", labels=g_)
-        slice_s = GaugeMetricFamily("cgpu_gpu_slice_seconds", "The slice in force (slice_ms, or what auto chose)",
-                                    labels=g_)
-        handover = HistogramMetricFamily("cgpu_gpu_handover_seconds", "What each hand-over cost: the part of a "
-                                         "lease nobody could use (transit, wake-up, warm-up)", labels=g_)
-        parts = GaugeMetricFamily("cgpu_gpu_handover_part_seconds", "Where the last hand-overs went, on average "
-                                  "(unclamped): transit (the daemon and the messages) or warmup (the clients' wake-up "
-                                  "and slow first operations)", labels=[*g_, "part"])
-        held = CounterMetricFamily("cgpu_instance_held_seconds", "Time the instance held the GPU", labels=gi)
-        delivered = CounterMetricFamily("cgpu_instance_delivered_seconds", "Useful GPU time delivered: time held, "
-                                        "less the hand-overs it was not billed for", labels=gi)
-        entitled = CounterMetricFamily("cgpu_instance_entitled_seconds", "GPU time the instance was entitled to "
-                                       "by its policy, settings and the demand of the others", labels=gi)
-        demand = CounterMetricFamily("cgpu_instance_demand_seconds", "Time the instance wanted the GPU "
-                                     "(waiting for or holding a lease)", labels=gi)
-        inst = {name: GaugeMetricFamily(f"cgpu_instance_{name}", f"Instance setting {name}: {INSTANCE[name].help}",
-                                        labels=gi) for name in INSTANCE_GAUGES}
-        used = GaugeMetricFamily("cgpu_instance_memory_used_bytes", "Reserved device memory", labels=gi)
-        limit = GaugeMetricFamily("cgpu_instance_memory_limit_bytes", "Memory limit", labels=gi)
-        for g in doc.gpus:
-            lg = [str(g.index)]
-            busy.add_metric(lg, g.busy_seconds)
-            for name, family in settings.items():
-                family.add_metric(lg, float(g.settings[name]) / (1000 if name.endswith("_ms") else 1))
-            free_w.add_metric(lg, g.free_weight)
-            total.add_metric(lg, g.total_mem)
-            alloc_mem.add_metric(lg, g.alloc_mem)
-            alloc_core.add_metric(lg, g.alloc_core)
-            slice_s.add_metric(lg, g.slice_effective_ms / 1e3)
-            meter = self.hub.arbiter.scheds[g.index].handover
-            acc, buckets = 0, []
-            for bound, n in zip(BUCKETS, meter.buckets, strict=True):
-                acc += n
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-            handover.add_metric(lg, buckets, meter.sum_ns / 1e9)
-            parts.add_metric([*lg, "transit"], g.handover_transit_ms / 1e3)
-            parts.add_metric([*lg, "warmup"], g.handover_warmup_ms / 1e3)
-            grants.add_metric(lg, g.grants)
-            for reason, n in g.revoked.items():
-                revokes.add_metric([str(g.index), reason], n)
-            if g.fairness_error_pp["60s"] is not None:
-                fair.add_metric(lg, g.fairness_error_pp["60s"] / 100)
-            overruns.add_metric(lg, g.overruns)
-            for i in g.instances:
-                li = [str(g.index), i.id]
-                held.add_metric(li, i.held_seconds)
-                delivered.add_metric(li, i.delivered_seconds)
-                entitled.add_metric(li, i.entitled_seconds)
-                demand.add_metric(li, i.demand_seconds)
-                inst["weight"].add_metric(li, i.weight)
-                inst["highprio"].add_metric(li, i.highprio)
-                used.add_metric(li, i.mem_used)
-                limit.add_metric(li, i.mem_limit)
-        yield from (busy, *settings.values(), slice_s, handover, parts, free_w, total, alloc_mem, alloc_core, grants,
-                    revokes, overruns, fair, held, delivered, entitled, demand, *inst.values(), used, limit)
-        c = self.hub.counters
-        yield HistogramMetricFamily(
-            "cgpu_grant_latency_seconds", "Time from acquire to grant",
-            buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in c.cumulative_buckets()],
-            sum_value=c.grant_latency_sum)
-        clients = GaugeMetricFamily("cgpu_clients", "Connected clients")
-        clients.add_metric([], len(self.hub.peers))
-        yield clients
-        bad = CounterMetricFamily("cgpu_bad_frames", "Connections closed for a malformed frame")
-        bad.add_metric([], c.bad_frames)
-        yield bad
-        refused = CounterMetricFamily("cgpu_clients_refused", "Connections refused or closed to protect the other "
-                                      "clients, by reason (identity: who it is could not be told; busy: max_clients; "
-                                      "uid, instance: that tenant's cap; unread: replies left unread past "
-                                      "max_unread_bytes; idle: never registered)", labels=["reason"])
-        for reason, n in c.refused.items():
-            refused.add_metric([reason], n)
-        yield refused
+        doc = self.hub.status()
+        yield from _gpu_metrics(doc, self.hub.handover_meters())
+        yield from _instance_metrics(doc)
+        yield from _client_metrics(self.hub)
+
+
+def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) -> Iterator[Metric]:
+    g_ = ["gpu"]
+    busy = CounterMetricFamily("cgpu_gpu_busy_seconds", "Time some lease was held on the GPU", labels=g_)
+    settings = {name: GaugeMetricFamily(f"cgpu_gpu_{metric_name(name)}", f"GPU setting {name}: {s.help}"
+                                        + (" (in seconds)" if name.endswith("_ms") else ""), labels=g_)
+                for name, s in GPU.items() if s.kind != "auto"}
+    free_w = GaugeMetricFamily("cgpu_gpu_free_weight", "max_inst minus the sum of weights", labels=g_)
+    total = GaugeMetricFamily("cgpu_gpu_memory_total_bytes", "Device memory", labels=g_)
+    alloc_mem = GaugeMetricFamily("cgpu_gpu_allocated_memory_bytes", "Memory held by allocations (alloc_ctl)",
+                                  labels=g_)
+    alloc_core = GaugeMetricFamily("cgpu_gpu_allocated_core_percent", "GPU-core percent held by allocations",
+                                   labels=g_)
+    grants = CounterMetricFamily("cgpu_grants", "Leases granted", labels=g_)
+    revokes = CounterMetricFamily("cgpu_revocations", "Leases revoked, by reason (overrun: cut off after "
+                                  "overrunning by more than overrun_ms)", labels=["gpu", "reason"])
+    fair = GaugeMetricFamily("cgpu_gpu_fairness_error_ratio", "Over the last 60 s, the largest |delivered - "
+                             "owed| share among the instances with demand (0.05 = 5 points)", labels=g_)
+    overruns = CounterMetricFamily("cgpu_overruns", "Leases cut off after overrunning their deadline "
+                                   "by more than overrun_ms", labels=g_)
+    slice_s = GaugeMetricFamily("cgpu_gpu_slice_seconds", "The slice in force (slice_ms, or what auto chose)",
+                                labels=g_)
+    handover = HistogramMetricFamily("cgpu_gpu_handover_seconds", "What each hand-over cost: the part of a "
+                                     "lease nobody could use (transit, wake-up, warm-up)", labels=g_)
+    parts = GaugeMetricFamily("cgpu_gpu_handover_part_seconds", "Where the last hand-overs went, on average "
+                              "(unclamped): transit (the daemon and the messages) or warmup (the clients' wake-up "
+                              "and slow first operations)", labels=[*g_, "part"])
+    for g in doc.gpus:
+        lg = [str(g.index)]
+        busy.add_metric(lg, g.busy_seconds)
+        for name, family in settings.items():
+            family.add_metric(lg, float(g.settings[name]) / (1000 if name.endswith("_ms") else 1))
+        free_w.add_metric(lg, g.free_weight)
+        total.add_metric(lg, g.total_mem)
+        alloc_mem.add_metric(lg, g.alloc_mem)
+        alloc_core.add_metric(lg, g.alloc_core)
+        slice_s.add_metric(lg, g.slice_effective_ms / 1e3)
+        counts, sum_ns = meters[g.index]
+        acc, buckets = 0, []
+        for bound, n in zip(BUCKETS, counts, strict=True):
+            acc += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        handover.add_metric(lg, buckets, sum_ns / 1e9)
+        parts.add_metric([*lg, "transit"], g.handover_transit_ms / 1e3)
+        parts.add_metric([*lg, "warmup"], g.handover_warmup_ms / 1e3)
+        grants.add_metric(lg, g.grants)
+        for reason, n in g.revoked.items():
+            revokes.add_metric([str(g.index), reason], n)
+        if g.fairness_error_pp["60s"] is not None:
+            fair.add_metric(lg, g.fairness_error_pp["60s"] / 100)
+        overruns.add_metric(lg, g.overruns)
+    yield from (busy, *settings.values(), slice_s, handover, parts, free_w, total, alloc_mem, alloc_core, grants,
+                revokes, overruns, fair)
+
+
+def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
+    gi = ["gpu", "instance"]
+    held = CounterMetricFamily("cgpu_instance_held_seconds", "Time the instance held the GPU", labels=gi)
+    delivered = CounterMetricFamily("cgpu_instance_delivered_seconds", "Useful GPU time delivered: time held, "
+                                    "less the hand-overs it was not billed for", labels=gi)
+    entitled = CounterMetricFamily("cgpu_instance_entitled_seconds", "GPU time the instance was entitled to "
+                                   "by its policy, settings and the demand of the others", labels=gi)
+    demand = CounterMetricFamily("cgpu_instance_demand_seconds", "Time the instance wanted the GPU "
+                                 "(waiting for or holding a lease)", labels=gi)
+    inst = {name: GaugeMetricFamily(f"cgpu_instance_{name}", f"Instance setting {name}: {INSTANCE[name].help}",
+                                    labels=gi) for name in INSTANCE_GAUGES}
+    used = GaugeMetricFamily("cgpu_instance_memory_used_bytes", "Reserved device memory", labels=gi)
+    limit = GaugeMetricFamily("cgpu_instance_memory_limit_bytes", "Memory limit", labels=gi)
+    for g in doc.gpus:
+        for i in g.instances:
+            li = [str(g.index), i.id]
+            held.add_metric(li, i.held_seconds)
+            delivered.add_metric(li, i.delivered_seconds)
+            entitled.add_metric(li, i.entitled_seconds)
+            demand.add_metric(li, i.demand_seconds)
+            inst["weight"].add_metric(li, i.weight)
+            inst["highprio"].add_metric(li, i.highprio)
+            used.add_metric(li, i.mem_used)
+            limit.add_metric(li, i.mem_limit)
+    yield from (held, delivered, entitled, demand, *inst.values(), used, limit)
+
+
+def _client_metrics(hub: Hub) -> Iterator[Metric]:
+    c = hub.counters
+    yield HistogramMetricFamily(
+        "cgpu_grant_latency_seconds", "Time from acquire to grant",
+        buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in c.cumulative_buckets()],
+        sum_value=c.grant_latency_sum)
+    clients = GaugeMetricFamily("cgpu_clients", "Connected clients")
+    clients.add_metric([], len(hub.peers))
+    yield clients
+    bad = CounterMetricFamily("cgpu_bad_frames", "Connections closed for a malformed frame")
+    bad.add_metric([], c.bad_frames)
+    yield bad
+    refused = CounterMetricFamily("cgpu_clients_refused", "Connections refused or closed to protect the other "
+                                  "clients, by reason (identity: who it is could not be told; busy: max_clients; "
+                                  "uid, instance: that tenant's cap; unread: replies left unread past "
+                                  "max_unread_bytes; idle: never registered)", labels=["reason"])
+    for reason, n in c.refused.items():
+        refused.add_metric([reason], n)
+    yield refused

@@ -18,10 +18,15 @@ class StateStore:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
 
+    @staticmethod
+    def encode(doc: dict[str, Any]) -> bytes:
+        """The file's bytes for ``doc``."""
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
     def save(self, doc: dict[str, Any]) -> None:
         """Write ``doc`` atomically. Raises OSError (nothing half-written) on failure."""
-        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-        tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+        data = self.encode(doc)
+        tmp = self._tmp()
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -43,6 +48,27 @@ class StateStore:
                 os.close(dfd)
         except OSError as exc:
             log.warning("state: could not fsync %s: %s", self.dir, exc.strerror)
+
+    def check_writable(self, size: int) -> None:
+        """Raise OSError unless the temporary file :meth:`save` writes can be made, ``size`` bytes written to it
+        and synced now: asked before a change that must be saved is made, so that one that could not be is
+        refused instead (a full disk, a read-only mount, a file in the way)."""
+        probe = self._tmp()
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(bytes(size))
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            if not probe.is_dir():
+                probe.unlink(missing_ok=True)
+
+    def _tmp(self) -> Path:
+        return self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
 
     def load(self) -> tuple[Any | None, str | None]:
         """(document, problem). A missing file is (None, None); an unreadable one is set aside."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 
 import pytest
@@ -186,14 +185,17 @@ def test_removing_the_allocation_of_a_gone_container_frees_its_slot_at_once(arb:
     assert (0, "aaa") not in arb.records
 
 
-def test_a_bind_refused_for_weight_changes_nothing_on_a_copy_first() -> None:
+def test_a_bind_refused_for_weight_is_refused_by_its_check_before_anything_changes() -> None:
     a = make()
     a.provision("squatter", [0], InstanceSettings(16), 0)  # policy 1, max_inst 16: full
     ctl(a, f"create c token={sha('c')} gpu=0 core=30")
-    trial = copy.deepcopy(a)
     with pytest.raises(ConflictError, match="free_weight"):
-        binding.bind(trial, who("aaa", "c"), 0)
-    assert a.allocations.get("c").bound is None
+        binding.check(a, who("aaa", "c"))
+    assert a.allocations.get("c").bound is None and (0, "aaa") not in a.records
+    a.unprovision("squatter", None, 0)
+    binding.check(a, who("aaa", "c"))  # room now: the check passes, and the bind does what it checked
+    bound = binding.bind(a, who("aaa", "c"), 0)
+    assert bound is not None and a.allocations.get("c").bound == "aaa"
 
 
 def test_allocations_and_their_binding_survive_the_state_file(arb: Arbiter) -> None:

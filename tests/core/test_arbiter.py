@@ -7,7 +7,7 @@ import pytest
 from arbiterd.core import state
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings, RegisteredGpu
 from arbiterd.core.effects import NS_PER_S, Grant
-from arbiterd.core.errors import BusyError, ConflictError, IdentityError, SettingError
+from arbiterd.core.errors import BusyError, ConflictError, CoreError, IdentityError, SettingError
 from arbiterd.core.settings import GpuSettings
 
 GIB = 1024**3
@@ -168,17 +168,16 @@ def test_unprovision_refused_while_clients_are_connected() -> None:
         arb.unprovision("a", None, 0)
 
 
-def test_the_arbiter_can_be_deep_copied_to_try_an_admin_write() -> None:
-    """The daemon applies an admin write to a copy first (saved before it applies)."""
-    import copy
-
+@pytest.mark.parametrize("bad", [InstanceSettings(weight=17), InstanceSettings(memsize=-1),
+                                 InstanceSettings(highprio=2)])
+def test_a_provision_refused_on_one_gpu_changes_nothing_on_the_others(bad: InstanceSettings) -> None:
+    """Every GPU's settings are checked before any record is made (an admin write is checked, then applied)."""
     arb = make()
-    reg(arb, 1, "a")
-    arb.acquire(1, 0, 0)
-    trial = copy.deepcopy(arb)
-    trial.scheds[0].set_policy(4, 1)
-    assert arb.scheds[0].settings.policy == 1 and trial.scheds[0].settings.policy == 4
-    assert trial.scheds[0].rq.next_lease_id() == arb.scheds[0].rq.next_lease_id()
+    with pytest.raises(CoreError):
+        arb.check_provision("a", {0: InstanceSettings(), 1: bad})
+    with pytest.raises(CoreError):
+        arb.provision_each("a", {0: InstanceSettings(), 1: bad}, 0)
+    assert arb.records == {} and not arb.scheds[0].instances
 
 
 # ----------------------------------------------------- GPU-core percentages (behaviour §3)

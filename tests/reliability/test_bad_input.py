@@ -143,7 +143,7 @@ def test_message_handlers_answer_every_request_without_raising(msgs: list[dict[s
 
     async def go() -> None:
         daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state"))
-        conn = ClientConnection(daemon.hub, daemon.status)
+        conn = ClientConnection(daemon.hub)
         t = Transport()
         conn.connection_made(t)  # type: ignore[arg-type]
         conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "h"}))
@@ -169,7 +169,7 @@ def test_a_frame_is_timed_from_its_first_byte_not_from_the_last_message() -> Non
     async def go() -> None:
         daemon = Daemon(Config(sim_gpus="1x1GiB", identity="declared", state_dir="/nonexistent-cgpu-state",
                                idle_timeout_s=3600))
-        conn = ClientConnection(daemon.hub, daemon.status)
+        conn = ClientConnection(daemon.hub)
         conn.connection_made(Transport())  # type: ignore[arg-type]
         conn.data_received(msgpack.packb({"op": "hello", "versions": [1], "client": "h"}))
         assert conn.greeted and conn.partial_for_ns(time.monotonic_ns()) == 0

@@ -80,7 +80,7 @@ def test_provisioning_survives_sigterm_kill_9_and_a_bad_record(cast: Cast) -> No
 
 
 def test_stats_show_a_client_its_own_instance_and_nothing_of_the_others(cast: Cast) -> None:
-    from arbiterd.server.connection import STATS_GPU_FIELDS
+    from arbiterd.server.hub import STATS_GPU_FIELDS
 
     d = cast.daemon("--sim-gpus", "1x4GiB")
     other = cast.agent(d, cid=cast.containers.new_id())

@@ -9,21 +9,14 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from arbiterd.server import status as status_mod
 from arbiterd.server.admin import make_admin_app
 from arbiterd.server.hub import Hub
 
 
 @pytest.fixture
 async def client(hub: Hub) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
-    history = status_mod.History()
-
-    def status() -> status_mod.DaemonStatus:
-        return status_mod.build(hub.arbiter, hub.gpus, history, clients=0, started_at=0.0,
-                                state_file=str(hub.store.path), state_problem=None)
-
     # the test server listens on loopback TCP, where every request needs the bearer token
-    async with TestClient(TestServer(make_admin_app(hub, status, token="secret")),
+    async with TestClient(TestServer(make_admin_app(hub, token="secret")),
                           headers={"Authorization": "Bearer secret"}) as c:
         yield c
 

@@ -1,20 +1,23 @@
-"""The hub turns every effect into its wire message, for the right peer, and counts it."""
+"""The hub is the one door into the core: a request goes in as a message and comes back as replies and effects,
+each effect becomes its wire message for the right peer, and the core's timer stays armed."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
+
 import cgpu_protocol as p
 from arbiterd.core.effects import Grant, Revoke
-from arbiterd.core.settings import InstanceSettings
+from arbiterd.core.errors import ConflictError, SettingError
 from arbiterd.server import identity
-from arbiterd.server.hub import Hub
+from arbiterd.server.hub import NO_TIMER, Hub
 
 
 class Peer:
-    def __init__(self, cid: int) -> None:
-        self.cid, self.pid = cid, 1000 + cid
+    def __init__(self, cid: int = 0) -> None:
+        self.cid, self.pid, self.uid = cid, 1000 + cid, 0
         self.peer = identity.Peer(self.pid, 0)
         self.instance: str | None = None
         self.sent: list[p.Message] = []
@@ -24,6 +27,16 @@ class Peer:
 
     def close(self) -> None:
         pass
+
+
+def client(hub: Hub, name: str, gpu: int) -> Peer:
+    """A connection registered as ``name`` on ``gpu``, through the door."""
+    peer = Peer()
+    peer.cid = hub.attach(peer)
+    hub.serve(peer, p.Register(1, name, [gpu]), time.monotonic_ns())
+    assert [m.OP for m in peer.sent] == ["registered"] and peer.instance == name
+    peer.sent.clear()
+    return peer
 
 
 def test_effects_become_messages_for_their_peer(hub: Hub) -> None:
@@ -40,25 +53,76 @@ def test_effects_become_messages_for_their_peer(hub: Hub) -> None:
     assert hub.counters.grants_sent == 1 and hub.counters.revokes_sent == 1
 
 
+def test_a_request_comes_back_as_replies_effects_and_the_gpu_whose_timer_they_move(hub: Hub) -> None:
+    async def go() -> None:
+        now = time.monotonic_ns()
+        hub.admin_write("inst_ctl", "create x gpu=0 memsize=1GiB")
+        peer = client(hub, "x", 0)
+        replies, effects, gpu = hub.handle(peer, p.Acquire(0), now)
+        assert (list(replies), gpu) == ([], 0) and [type(e) for e in effects] == [Grant]
+        assert peer.sent == []  # handle decides, and sends nothing
+        hub.deliver(peer, (replies, effects, gpu))
+        assert [m.OP for m in peer.sent] == ["grant"]
+        lease = effects[0].lease
+        replies, effects, gpu = hub.handle(peer, p.MemReserve(5, 0, 2**29), now)
+        assert replies == (p.Ok(5, 2**29, 2**30),) and effects == [] and gpu == NO_TIMER
+        replies, _, _ = hub.handle(peer, p.MemReserve(6, 0, 2**30), now)
+        assert [type(r) for r in replies] == [p.Denied]
+        replies, effects, _ = hub.handle(peer, p.Release(0, lease, 1_000, id=7), now + 1)
+        assert replies == (p.Ok(7),) and effects == []
+        with pytest.raises(p.ProtocolError):
+            hub.handle(peer, p.Hello([1], "test"), now)
+        hub.stop_timer()
+
+    asyncio.run(go())
+
+
 def test_a_detached_peer_drops_its_lease_and_the_next_waiter_is_granted(hub: Hub) -> None:
     async def go() -> Peer:
         now = time.monotonic_ns()
-        arb = hub.arbiter
-        arb.provision("x", [0], InstanceSettings(), now)
-        arb.provision("y", [0], InstanceSettings(), now)
-        first, second = Peer(0), Peer(0)
-        for peer, name in ((first, "x"), (second, "y")):
-            peer.cid = hub.attach(peer)
-            arb.connect(peer.cid, peer.pid, 0)
-            arb.register(peer.cid, name, [0], {}, now)
-        hub.apply(arb.acquire(first.cid, 0, now))
-        hub.apply(arb.acquire(second.cid, 0, now))
+        hub.admin_write("inst_ctl", "create x gpu=0")
+        hub.admin_write("inst_ctl", "create y gpu=0")
+        first, second = client(hub, "x", 0), client(hub, "y", 0)
+        hub.serve(first, p.Acquire(0), now)
+        hub.serve(second, p.Acquire(0), now)
         hub.detach(first.cid)
         await asyncio.sleep(0)
         return second
 
     second = asyncio.run(go())
     assert [m.OP for m in second.sent] == ["grant"]
+
+
+def test_an_admin_write_is_checked_before_anything_changes(hub: Hub) -> None:
+    """A refused write changes nothing, the state file included; an accepted one is saved."""
+    hub.admin_write("inst_ctl", "create x gpu=0 weight=4")
+    saved = hub.store.path.read_text()
+    for path, value, error in (("0/max_inst", "3", ConflictError), ("inst_ctl", "create y gpu=0,1 memsize=-1",
+                                                                      SettingError),
+                               ("inst_ctl", "create y gpu=0 weight=13", ConflictError)):
+        with pytest.raises(error):
+            hub.admin_write(path, value)
+        assert hub.store.path.read_text() == saved
+    assert [r for r in hub.read("inst_ctl").splitlines()] == ["x gpu=0 weight=4 highprio=0 memsize=0"]
+    assert hub.read("1").split().count("y") == 0 and hub.read("0/max_inst") == "16\n"
+
+
+def test_a_write_the_state_dir_cannot_take_changes_nothing(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state directory is tried before the core changes (a full disk, a read-only mount): if it cannot take
+    a write, the admin write is refused with the OSError and the setting stays."""
+
+    def full(size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hub.store, "check_writable", full)
+    with pytest.raises(OSError):
+        hub.admin_write("0/policy", "4")
+    assert hub.read("0/policy") == "1\n" and not hub.store.path.exists()
+
+
+def test_the_state_dir_probe_leaves_nothing_behind(hub: Hub) -> None:
+    hub.store.check_writable(1 << 20)
+    assert list(hub.store.dir.iterdir()) == []
 
 
 def test_the_timer_stays_at_or_before_every_gpus_next_wakeup_and_moves_only_earlier(hub: Hub) -> None:
@@ -69,37 +133,23 @@ def test_the_timer_stays_at_or_before_every_gpus_next_wakeup_and_moves_only_earl
         now = time.monotonic_ns()
         arb = hub.arbiter
         hub.admin_write("1/overrun_ms", "10")  # GPU 1's lease is cut off first
-        peers = []
         for name, gpu in (("long", 0), ("short", 1)):
-            arb.provision(name, [gpu], InstanceSettings(), now)
-            peer = Peer(0)
-            peer.cid = hub.attach(peer)
-            arb.connect(peer.cid, peer.pid, 0)
-            arb.register(peer.cid, name, [gpu], {}, now)
-            peers.append(peer)
-        (long_grant,) = arb.acquire(peers[0].cid, 0, now)
-        hub.apply([long_grant], 0)
+            hub.admin_write("inst_ctl", f"create {name} gpu={gpu}")
+        long, short = client(hub, "long", 0), client(hub, "short", 1)
+        hub.serve(long, p.Acquire(0), now)
         assert hub._timer_at == arb.next_wakeup() == arb.scheds[0].next_wakeup()
-        (short_grant,) = arb.acquire(peers[1].cid, 1, now)
-        hub.apply([short_grant], 1)  # GPU 1's lease ends first: the timer comes forward
+        hub.serve(short, p.Acquire(1), now)  # GPU 1's lease ends first: the timer comes forward
         assert hub._timer_at == arb.scheds[1].next_wakeup() < arb.scheds[0].next_wakeup()
-        effects, _ = arb.release(peers[1].cid, 1, short_grant.lease, now + 1)
+        (grant,) = short.sent
+        assert isinstance(grant, p.Grant)
         armed = hub._timer_at
-        hub.apply(effects, 1)  # GPU 1 has nothing due now: the early timer stays
+        hub.serve(short, p.Release(1, grant.lease, 1_000), now + 1)  # GPU 1 has nothing due now: the early timer stays
         assert hub._timer_at == armed and arb.scheds[1].next_wakeup() is None
         hub._on_timer()  # the early tick: nothing to do, and the timer follows GPU 0 again
         assert hub._timer_at == arb.next_wakeup() == arb.scheds[0].next_wakeup()
         hub.stop_timer()
 
     asyncio.run(go())
-
-
-def _client(hub: Hub, name: str, gpu: int, now: int) -> Peer:
-    peer = Peer(0)
-    peer.cid = hub.attach(peer)
-    hub.arbiter.connect(peer.cid, peer.pid, 0)
-    hub.arbiter.register(peer.cid, name, [gpu], {}, now)
-    return peer
 
 
 def test_a_release_on_the_native_policy_leaves_the_timer_and_it_stays_in_time(hub: Hub) -> None:
@@ -110,18 +160,18 @@ def test_a_release_on_the_native_policy_leaves_the_timer_and_it_stays_in_time(hu
         now = time.monotonic_ns()
         arb = hub.arbiter
         hub.admin_write("0/policy", "5")
-        arb.provision("x", [0], InstanceSettings(), now)
-        peers = [_client(hub, "x", 0, now) for _ in range(3)]
-        grants = []
+        hub.admin_write("inst_ctl", "create x gpu=0")
+        peers = [client(hub, "x", 0) for _ in range(3)]
         for k, peer in enumerate(peers):
-            (g,) = arb.acquire(peer.cid, 0, now + k)
-            hub.apply([g], 0)
-            grants.append(g)
+            hub.serve(peer, p.Acquire(0), now + k)
         armed = hub._timer_at
         assert armed == arb.scheds[0].next_wakeup()  # the first lease's cutoff
-        for k, (peer, g) in enumerate(zip(peers, grants, strict=True)):
-            effects, _ = arb.release(peer.cid, 0, g.lease, now + 10 + k)
-            hub.released(effects, 0)
+        for k, peer in enumerate(peers):
+            (grant,) = peer.sent
+            assert isinstance(grant, p.Grant)
+            _, effects, gpu = hub.handle(peer, p.Release(0, grant.lease, 1_000), now + 10 + k)
+            assert effects == [] and gpu == NO_TIMER
+            hub.deliver(peer, ([], effects, gpu))
             due = arb.scheds[0].next_wakeup()
             assert hub._timer_at == armed and (due is None or armed <= due)
         assert arb.scheds[0].next_wakeup() is None
@@ -138,19 +188,19 @@ def test_a_release_on_a_ring_policy_that_grants_nothing_still_moves_the_timer(hu
         now = time.monotonic_ns()
         arb = hub.arbiter
         hub.admin_write("1/policy", "2")
-        arb.provision("a", [1], InstanceSettings(), now)
-        arb.provision("b", [1], InstanceSettings(), now)
-        a, b = _client(hub, "a", 1, now), _client(hub, "b", 1, now)
-        effects = arb.acquire(a.cid, 1, now)
-        hub.apply(effects, 1)
-        (g,) = [e for e in effects if e.client == a.cid]
-        hub.apply(arb.acquire(b.cid, 1, now + 1), 1)
+        hub.admin_write("inst_ctl", "create a gpu=1")
+        hub.admin_write("inst_ctl", "create b gpu=1")
+        a, b = client(hub, "a", 1), client(hub, "b", 1)
+        hub.serve(a, p.Acquire(1), now)
+        (grant,) = a.sent
+        assert isinstance(grant, p.Grant)
+        hub.serve(b, p.Acquire(1), now + 1)
         armed = hub._timer_at
         assert armed is not None
-        effects, _ = arb.release(a.cid, 1, g.lease, now + 2)
+        outcome = hub.handle(a, p.Release(1, grant.lease, 1_000), now + 2)
         due = arb.scheds[1].next_wakeup()
-        assert effects == [] and due is not None and due < armed  # the case: nothing granted, the wakeup earlier...
-        hub.released(effects, 1)
+        assert outcome[1] == [] and due is not None and due < armed  # nothing granted, the wakeup earlier...
+        hub.deliver(a, outcome)
         assert hub._timer_at == due  # ...and the timer followed it
         hub.stop_timer()
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from arbiterd.core.settings import GPU, InstanceSettings
-from arbiterd.server import status as status_mod
 from arbiterd.server.hub import Hub
 from arbiterd.server.metrics import ArbiterCollector, metric_name
 
 
 def registry(hub: Hub) -> CollectorRegistry:
-    history = status_mod.History()
     reg = CollectorRegistry()
-    reg.register(ArbiterCollector(hub, lambda: status_mod.build(hub.arbiter, hub.gpus, history, clients=0,
-                                                                 started_at=0.0, state_file="", state_problem=None)))
+    reg.register(ArbiterCollector(hub))
     return reg
 
 
