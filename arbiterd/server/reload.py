@@ -29,8 +29,8 @@ def reload(hub: Hub, flags: dict[str, Any]) -> bool:
         log.error("reload refused, keeping the running config: %s", exc)
         return False
     now = time.monotonic_ns()
-    for name, f in OPTIONS.items():
-        if f.metadata["restart"] and getattr(new, name) != getattr(old, name):
+    for name, s in OPTIONS.items():
+        if s.restart and getattr(new, name) != getattr(old, name):
             log.warning("reload: %s changed; it takes effect at the next restart", name)
             setattr(new, name, getattr(old, name))
     effects: list[Effect] = []
