@@ -84,6 +84,15 @@ def test_the_plugin_reads_its_config_with_arbiterds_loader() -> None:
     assert issubclass(config_mod.ConfigError, SettingError)
 
 
+def test_the_plugin_uses_arbiterds_admin_client() -> None:
+    from arbiterd.tools import adminclient
+    from cgpu_device_plugin import admin
+
+    assert issubclass(admin.AdminClient, adminclient.AdminClient)
+    assert admin.Unreachable is adminclient.Unreachable and admin.Refused is adminclient.Refused
+    assert admin.AdminClient("/x").timeout == 5.0
+
+
 def test_every_flag_says_its_default() -> None:
     from cgpu_device_plugin.main import build_parser
 
