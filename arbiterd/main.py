@@ -1,4 +1,4 @@
-"""``arbiterd``: the command line of the daemon. Its flags are derived from the config and settings tables."""
+"""``arbiterd``: the command line of the daemon. Its flags are made from the option and per-GPU settings."""
 
 from __future__ import annotations
 
@@ -6,32 +6,16 @@ import argparse
 import asyncio
 import logging
 import sys
-import typing
 from typing import Any
 
 from arbiterd import __version__
+from arbiterd.cli.entry import configure
+from arbiterd.cli.flags import add_config_flags, add_setting_flags
+from arbiterd.cli.flags import overrides as given
 from arbiterd.core.errors import CoreError
 from arbiterd.core.settings import GPU
 from arbiterd.server import config as config_mod
 from arbiterd.server.cpu import apply_realtime
-
-_TYPES: dict[Any, type] = {"int": int, "float": float}
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _default(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return f" (default {'on' if value else 'off'})"
-    return f" (default {value})"
-
-
-def _escape(text: str) -> str:
-    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,53 +25,25 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Flags override the config file. Per-GPU flags set the default of every GPU; the settings "
                "tree changes one GPU at run time (cgpuctl).",
     )
-    p.add_argument("--config", metavar="FILE", help="TOML config file; flags given here override it")
-    p.add_argument("--check-config", metavar="FILE",
-                   help="validate FILE and exit 0, or exit 1 printing each error on one line")
-    hints = typing.get_type_hints(config_mod.Config)
-    for name, f in config_mod.OPTIONS.items():
-        meta = f.metadata
-        if not meta["flag"]:
-            continue
-        helptext = _escape(meta["help"] + _default(f.default))
-        if hints[name] is bool:
-            p.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None,
-                           help=helptext)
-            continue
-        kind = _TYPES.get(getattr(hints[name], "__name__", ""), str)
-        p.add_argument(_flag(name), dest=name, default=None, type=kind, metavar=meta["metavar"],
-                       choices=meta["choices"], help=helptext)
+    add_config_flags(p)
+    add_setting_flags(p, config_mod.OPTIONS.values())
     gpu = p.add_argument_group("per-GPU settings", "the default of every GPU (files N/<name> of the settings tree)")
-    for name, s in GPU.items():
-        gpu.add_argument(_flag(name), dest=name, default=None, metavar="N|auto" if s.kind == "auto" else "N",
-                         help=_escape(f"{s.help} ({s.expected}; default {s.format(s.default)})"))
+    add_setting_flags(gpu, GPU.values(), detailed=True)
     p.add_argument("--version", action="version", version=f"arbiterd {__version__}")
     return p
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config keys the command line gave."""
-    names = [*config_mod.OPTIONS, *GPU]
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return given(args, config_mod.SETTINGS)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.check_config:
-        errors = config_mod.check_file(args.check_config)
-        for err in errors:
-            print(err)
-        if not errors:
-            print(f"{args.check_config}: ok")
-        return 1 if errors else 0
     flags = overrides(args)
-    try:
-        cfg = config_mod.load(args.config, flags)
-    except CoreError as exc:
-        print(f"arbiterd: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = configure("arbiterd", args, config_mod.check_file, config_mod.load, flags)
+    if isinstance(cfg, int):
+        return cfg
     took, message = apply_realtime(cfg.realtime_priority)
     log = logging.getLogger("arbiterd")
     log.log(logging.WARNING if cfg.realtime_priority and not took else logging.INFO, "%s", message)

@@ -1,35 +1,67 @@
-"""Plugin configuration: a TOML file, overridden by the flags that were given."""
+"""Plugin configuration: a TOML file, overridden by the flags that were given.
+
+Every setting of ``cgpu-device-plugin`` is declared once, as a field of
+:class:`Config` that is a :class:`~arbiterd.core.setting.Setting`; its flags,
+``--check-config``, the man page and the documents' table are derived from
+these declarations, as arbiterd's are.
+"""
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbiterd.cli import configfile
+from arbiterd.cli.entry import LOG_LEVELS
+from arbiterd.core.errors import SettingError
+from arbiterd.core.setting import Setting, setting, table
+
 PLACEMENTS = ("binpack", "spread")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+__all__ = ["LOADER", "LOG_LEVELS", "PLACEMENTS", "SETTINGS", "Config", "ConfigError", "check_file",
+           "from_mapping", "load"]
 
 
-class ConfigError(Exception):
+class ConfigError(SettingError):
     """One or more settings are invalid; the message lists each on its own line."""
+
+
+def _absolute(v: str) -> str | None:
+    return None if v.startswith("/") and "\0" not in v and "\n" not in v else "an absolute path"
+
+
+def _below_root(v: str) -> str | None:
+    return _absolute(v) or (None if v.rstrip("/") else "a directory below /")
+
+
+def _path(default: str, metavar: str, help: str) -> Any:
+    return setting(default, help, kind="path", expects="an absolute path", rule=_absolute, metavar=metavar)
+
+
+def _seconds(default: float, lo: float, hi: float, help: str) -> Any:
+    return setting(default, help, lo, hi, "seconds", metavar="S")
 
 
 @dataclass(slots=True)
 class Config:
     """Every setting of ``cgpu-device-plugin``. Field names are the TOML keys."""
 
-    kubelet_dir: str = "/var/lib/kubelet/device-plugins"
-    admin_socket: str = "/run/cgpu/admin.sock"
-    socket_dir: str = "/run/cgpu"
-    libcgpu: str = "/usr/local/lib/cgpu/libcgpu.so"
-    alloc_dir: str = "/var/lib/cgpu/alloc"
-    alloc_mount: str = "/run/cgpu-alloc"
-    placement: str = "binpack"
-    log_level: str = "info"
-    poll_interval_s: float = 2.0
-    watch_interval_s: float = 1.0
-    pair_window_s: float = 5.0
+    kubelet_dir: str = _path("/var/lib/kubelet/device-plugins", "DIR",
+                             "the kubelet's device-plugins dir; the plugin serves cgpu-mem.sock and cgpu-core.sock")
+    admin_socket: str = _path("/run/cgpu/admin.sock", "PATH", "arbiterd's admin.sock")
+    socket_dir: str = _path("/run/cgpu", "DIR", "host dir holding arbiter.sock, mounted read-only at /run/cgpu")
+    libcgpu: str = _path("/usr/local/lib/cgpu/libcgpu.so", "PATH",
+                         "host path of libcgpu.so, mounted read-only at the same path")
+    alloc_dir: str = _path("/var/lib/cgpu/alloc", "DIR", "host dir of allocation tokens and state.json")
+    alloc_mount: str = setting("/run/cgpu-alloc", "where containers see allocation dirs; arbiterd's alloc_mount "
+                               "must match", kind="path", expects="an absolute path", rule=_below_root,
+                               metavar="DIR")
+    placement: str = setting("binpack", "binpack: the fullest card that fits; spread: the emptiest", kind="choice",
+                             choices=PLACEMENTS)
+    log_level: str = setting("info", "debug, info, warning or error", kind="choice", choices=LOG_LEVELS)
+    poll_interval_s: float = _seconds(2.0, 0.01, 3600.0, "how often arbiterd's status is read")
+    watch_interval_s: float = _seconds(1.0, 0.01, 3600.0, "how often kubelet.sock is checked")
+    pair_window_s: float = _seconds(5.0, 0.0, 600.0, "how long a container's first resource waits for its pair")
     source: str | None = field(default=None, repr=False)
 
     @property
@@ -37,68 +69,15 @@ class Config:
         return Path(self.kubelet_dir) / "kubelet.sock"
 
 
-PATHS = ("kubelet_dir", "admin_socket", "socket_dir", "libcgpu", "alloc_dir", "alloc_mount")
-SECONDS = {"poll_interval_s": (0.01, 3600.0), "watch_interval_s": (0.01, 3600.0), "pair_window_s": (0.0, 600.0)}
-
-
-def _errors(cfg: Config) -> list[str]:
-    errs: list[str] = []
-    for name in PATHS:
-        v = getattr(cfg, name)
-        if not isinstance(v, str) or not v.startswith("/") or "\0" in v or "\n" in v:
-            errs.append(f"{name}: expected an absolute path, got {v!r}")
-    if isinstance(cfg.alloc_mount, str) and cfg.alloc_mount.rstrip("/") == "":
-        errs.append("alloc_mount: expected a directory below /, got '/'")
-    for name, (lo, hi) in SECONDS.items():
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            errs.append(f"{name}: expected seconds {lo:g}..{hi:g}, got {v!r}")
-    if cfg.placement not in PLACEMENTS:
-        errs.append(f"placement: expected one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
-    if cfg.log_level not in LOG_LEVELS:
-        errs.append(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
-    return errs
+SETTINGS: dict[str, Setting[Any]] = table(Config, "plugin", flag=True, toml=True)
 
 
 def from_mapping(data: dict[str, Any]) -> tuple[Config, list[str]]:
     """A config built from ``data`` over the defaults, and every error found."""
     cfg = Config()
-    known = {f.name for f in fields(Config)} - {"source"}
-    errs = [f"{k}: unknown setting" for k in data if k not in known]
-    for key, value in data.items():
-        if key in known:
-            setattr(cfg, key, value)
-    return cfg, errs + _errors(cfg)
+    return cfg, configfile.apply(data, [(cfg, SETTINGS)])
 
 
-def read_file(path: str) -> tuple[dict[str, Any], list[str]]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        return {}, [f"{path}: cannot read ({exc.strerror})"]
-    try:
-        return tomllib.loads(text), []
-    except tomllib.TOMLDecodeError as exc:
-        return {}, [f"{path}: not valid TOML ({exc})"]
-
-
-def load(path: str | None, overrides: dict[str, Any]) -> Config:
-    """Read ``path`` (if any) and apply ``overrides``; raise ConfigError listing every error."""
-    data: dict[str, Any] = {}
-    errs: list[str] = []
-    if path is not None:
-        data, errs = read_file(path)
-    cfg, more = from_mapping({**data, **overrides})
-    cfg.source = path
-    errs += more
-    if errs:
-        raise ConfigError("\n".join(errs))
-    return cfg
-
-
-def check_file(path: str) -> list[str]:
-    """Every error in the config file at ``path``, one per line (empty when valid)."""
-    data, errs = read_file(path)
-    if errs:
-        return errs
-    return from_mapping(data)[1]
+LOADER = configfile.Loader(from_mapping, "\n", ConfigError)
+load = LOADER.load  # (path, overrides) -> Config; raises ConfigError listing every error, one a line
+check_file = LOADER.check_file  # every error in the file at path, one per line (empty when valid)

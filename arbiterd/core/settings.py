@@ -1,120 +1,36 @@
-"""Every setting an operator can change, declared once.
+"""Every setting of the settings tree, declared once.
 
 A setting is a field of :class:`GpuSettings`, :class:`InstanceSettings` or
-:class:`GlobalSettings` whose metadata is a :class:`Setting`: its type, range,
-default and help. The settings tree, the daemon's flags and config file, the
-state file, reload, metrics, ``cgpu-smi`` and the man pages are all derived from
-these tables, so a value is parsed, checked and refused the same way
-everywhere: :meth:`Setting.parse` takes text (a tree write, a flag, a TOML
-string) and :meth:`Setting.check` a typed value (TOML, the wire, the state
-file); both raise a one-line :class:`SettingError`.
+:class:`GlobalSettings` declared with :func:`~arbiterd.core.setting.setting`:
+its kind, range, default, help and where it appears. The per-GPU settings are
+files ``N/<name>`` of the tree, TOML keys and flags of ``arbiterd`` (the
+default of every GPU); the instance settings are files ``N/<id>/<name>``; the
+node-wide ones are top-level files (``default_memsize`` is also a TOML key and
+a flag). The settings tree, the daemon's flags and config file, the state
+file, reload, metrics, ``cgpu-smi``, the man pages and the documents' tables
+are all derived from these tables, so a value is parsed, checked and refused
+the same way everywhere (see :class:`~arbiterd.core.setting.Setting`).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import cast
 
 from arbiterd.core.errors import SettingError
+from arbiterd.core.setting import AUTO, Kind, Scope, Setting, parse_size, setting, table
 
-Kind = Literal["int", "auto", "size", "flag", "percent"]
-Scope = Literal["global", "gpu", "instance"]
-AUTO = 0  # the stored value of a setting of kind "auto" that is set to auto
+__all__ = ["AUTO", "CORE_MAX_INST", "GIB", "GLOBAL", "GPU", "INSTANCE", "MAX_INST_MAX", "GlobalSettings",
+           "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting", "check_gpu_settings", "core_weight",
+           "format_size", "parse_size", "setting"]
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-_SIZE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
-_INT = re.compile(r"^\s*[+-]?\d+\s*$")
 GIB = 1024**3
 MAX_INST_MAX = 25  # the most slots a GPU can be cut into; also the largest weight
 
 
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """How one setting is written, read and checked."""
-
-    default: int
-    help: str
-    lo: int = 0
-    hi: int = 2**63 - 1
-    kind: Kind = "int"
-    name: str = ""
-    scope: Scope = "gpu"
-    tree: bool = True  # a file of the settings tree
-    live: bool = True  # takes effect at once (else at the next grant)
-
-    @property
-    def expected(self) -> str:
-        """What a valid value looks like, for error messages and help."""
-        if self.kind == "size":
-            return "a size in bytes (or with KiB/MiB/GiB)"
-        if self.kind == "flag":
-            return "0 or 1"
-        if self.kind == "percent":
-            return "a multiple of 5 from 5 to 100"
-        if self.kind == "auto":
-            return f"auto or an integer {self.lo}..{self.hi}"
-        return f"an integer {self.lo}..{self.hi}"
-
-    def parse(self, text: str) -> int:
-        """A value written as text; raises SettingError naming the setting."""
-        t = text.strip()
-        if self.kind == "auto" and t.lower() == "auto":
-            return AUTO
-        if self.kind == "size":
-            m = _SIZE.match(t)
-            if not m or m.group(2).lower() not in _UNITS:
-                raise SettingError(f"{self.name}: expected {self.expected}, got {t!r}")
-            return self.check(int(m.group(1)) * _UNITS[m.group(2).lower()])
-        if not _INT.match(t):
-            raise SettingError(f"{self.name}: expected {self.expected}, got {t!r}")
-        return self.check(int(t))
-
-    def check(self, value: object, hi: int | None = None) -> int:
-        """The stored form of ``value`` as given from outside (a number, or text such as ``auto``); ``hi``
-        narrows the range (a weight to the GPU's max_inst)."""
-        if isinstance(value, str):
-            return self.parse(value)
-        if self.kind == "flag" and isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SettingError(f"{self.name}: expected {self.expected}, got {value!r}")
-        top = self.hi if hi is None else hi
-        if self.kind == "percent" and (value % 5 or not self.lo <= value <= self.hi):
-            raise SettingError(f"{self.name}: expected {self.expected}, got {value}")
-        if not self.lo <= value <= top:
-            raise SettingError(f"{self.name}: {value} is out of range {self.lo}..{top}")
-        return value
-
-    def valid(self, value: object, hi: int | None = None) -> int:
-        """``value`` if it is a valid stored value (``AUTO`` included), for code that holds stored values."""
-        if self.kind == "auto" and type(value) is int and value == AUTO:
-            return AUTO
-        return self.check(value, hi)
-
-    def format(self, value: int) -> str:
-        """The text a value reads back as."""
-        return "auto" if self.kind == "auto" and value == AUTO else str(value)
-
-    def external(self, value: int) -> int | str:
-        """The value as files and documents hold it: ``auto``, or the number."""
-        return "auto" if self.kind == "auto" and value == AUTO else value
-
-
-def setting(default: int, help: str, lo: int = 0, hi: int = 2**63 - 1, kind: Kind = "int",
-            tree: bool = True, live: bool = True) -> Any:
-    """A dataclass field that is a setting (the name and scope are filled in from the class)."""
-    return field(default=default, metadata={"setting": Setting(default, help, lo, hi, kind, tree=tree, live=live)})
-
-
 @dataclass(slots=True)
 class GpuSettings:
-    """The settings of one GPU (files ``N/<name>`` of the tree)."""
+    """The settings of one GPU (files ``N/<name>`` of the tree; as flags and TOML keys, every GPU's default)."""
 
     policy: int = setting(1, "scheduling policy: 0 fixed, 1 preemptive, 2 weighted, 3 fixed core, "
                              "4 weak (work-conserving), 5 native", 0, 5)
@@ -151,21 +67,17 @@ class GlobalSettings:
     """Node-wide settings (top-level files of the tree)."""
 
     default_memsize: int = setting(0, "memory limit of an instance that states none (0: the whole device)",
-                                   0, kind="size")
+                                   0, kind="size", flag=True, toml=True, metavar="SIZE")
     upgrade: int = setting(0, "an operator's marker for a hot upgrade (state is always saved)", 0, 1, "flag")
 
 
-def _table(cls: type, scope: Scope) -> dict[str, Setting]:
-    out = {}
-    for f in fields(cls):
-        s: Setting = f.metadata["setting"]
-        out[f.name] = Setting(s.default, s.help, s.lo, s.hi, s.kind, f.name, scope, s.tree, s.live)
-    return out
+def _ints(settings: dict[str, Setting[object]]) -> dict[str, Setting[int]]:
+    return cast(dict[str, Setting[int]], settings)
 
 
-GPU: dict[str, Setting] = _table(GpuSettings, "gpu")
-INSTANCE: dict[str, Setting] = _table(InstanceSettings, "instance")
-GLOBAL: dict[str, Setting] = _table(GlobalSettings, "global")
+GPU: dict[str, Setting[int]] = _ints(table(GpuSettings, "gpu", tree=True, flag=True, toml=True))
+INSTANCE: dict[str, Setting[int]] = _ints(table(InstanceSettings, "instance", tree=True))
+GLOBAL: dict[str, Setting[int]] = _ints(table(GlobalSettings, "global", tree=True))
 CORE_MAX_INST = 20  # a GPU-core percentage is counted in 5 % steps: 20 slots
 
 
@@ -180,11 +92,6 @@ def check_gpu_settings(s: GpuSettings) -> None:
         spec.valid(getattr(s, name))
     if s.slice_min_ms > s.slice_max_ms:
         raise SettingError(f"slice_min_ms: {s.slice_min_ms} is above slice_max_ms {s.slice_max_ms}")
-
-
-def parse_size(name: str, text: str) -> int:
-    """Bytes from ``4294967296``, ``4GiB`` or ``512MiB`` (for values that are not settings)."""
-    return Setting(0, "", kind="size", name=name).parse(text)
 
 
 def format_size(n: int) -> str:

@@ -25,8 +25,8 @@ def reload(hub: Hub, flags: dict[str, Any]) -> bool:
     except CoreError as exc:
         log.error("reload refused, keeping the running config: %s", exc)
         return False
-    for name, f in OPTIONS.items():
-        if f.metadata["restart"] and getattr(new, name) != getattr(old, name):
+    for name, s in OPTIONS.items():
+        if s.restart and getattr(new, name) != getattr(old, name):
             log.warning("reload: %s changed; it takes effect at the next restart", name)
             setattr(new, name, getattr(old, name))
     hub.retune(old, new, time.monotonic_ns())

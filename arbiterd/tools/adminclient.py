@@ -1,4 +1,9 @@
-"""A small HTTP client for the admin API, over admin.sock or loopback TCP."""
+"""A small HTTP client for arbiterd's admin API, over admin.sock or loopback TCP.
+
+The operator tools (``cgpuctl``, ``cgpu-smi``) and ``cgpu-device-plugin`` all
+use it: the settings tree, the status document and the ``alloc_ctl`` control
+file. Blocking, one connection per request.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,13 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 DEFAULT_ADMIN = "/run/cgpu/admin.sock"
+ALLOC_CTL = "/v1/tree/alloc_ctl"
 
 
 class Unreachable(Exception):
@@ -102,8 +108,34 @@ class AdminClient:
         return self.request("PUT", self.tree_path(path), value)
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(self.request("GET", "/v1/status"))
+        """The status document; raise Unreachable when what came back is not a JSON object."""
+        try:
+            doc = json.loads(self.request("GET", "/v1/status"))
+        except json.JSONDecodeError as exc:
+            raise Unreachable(f"arbiterd at {self.address} sent a status that is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise Unreachable(f"arbiterd at {self.address} sent a status that is not a JSON object")
         return doc
+
+    def create_allocation(self, alloc_id: str, token_sha256: str, gpus: Sequence[int],
+                          memsize: Sequence[int] = (), core: int = 0) -> None:
+        """``alloc_ctl create``; raise Refused (409: it would overcommit, or the id exists)."""
+        body = f"create {alloc_id} token={token_sha256} gpu={','.join(str(g) for g in gpus)}"
+        if memsize:
+            body += f" memsize={','.join(str(m) for m in memsize)}"
+        if core:
+            body += f" core={core}"
+        self.request("PUT", ALLOC_CTL, body)
+
+    def remove_allocation(self, alloc_id: str) -> bool:
+        """``alloc_ctl remove``; False when arbiterd did not know the id (404)."""
+        try:
+            self.request("PUT", ALLOC_CTL, f"remove {alloc_id}")
+        except Refused as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
 
 def add_admin_args(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""Man pages generated from the tools' own argument parsers, the settings table and the env table.
+"""Man pages generated from the tools' own argument parsers, the settings' declarations and the env table.
 
     python -m arbiterd.tools.manpages man/
 
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arbiterd import __version__
-from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
-from arbiterd.core.tree import GPU_READONLY, INSTANCE_READONLY
+from arbiterd.tools.reference import Entry, tree_files
 
 SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1), ("cgpu-device-plugin", 8))
 DATE = "2026-11"  # changes with the version, not with every build, so the pages are reproducible
@@ -75,18 +74,18 @@ def _table(rows: Iterable[tuple[str, str]]) -> str:
     return "".join(_item(k, v) for k, v in rows)
 
 
+def _tree_item(e: Entry) -> tuple[str, str]:
+    if e.setting is None:
+        return e.name, f"{e.help} ({'read-write' if e.writable else 'read-only'})"
+    return e.name, f"{e.help}; {e.expected}, default {e.default} (read-write)"
+
+
 def _settings() -> str:
-    gpu = [(f"N/{n}", f"{s.help}; {s.expected}, default {s.format(s.default)} (read-write)")
-           for n, s in GPU.items()]
-    gpu += [(f"N/{n}", f"{h} (read-only)") for n, (_, h) in GPU_READONLY.items()]
-    inst = [(f"N/ID/{n}", f"{s.help}; {s.expected} (read-write)") for n, s in INSTANCE.items() if s.tree]
-    inst += [(f"N/ID/{n}", f"{h} (read-only)") for n, (_, h) in INSTANCE_READONLY.items()]
-    top = [("version", "the daemon's version (read-only)")]
-    top += [(n, f"{s.help}; {s.expected} (read-write)") for n, s in GLOBAL.items()]
-    top.append(("inst_ctl", "provision instance records: create ID [gpu=0,1] [weight=N | core=P] "
-                            "[highprio=0|1] [memsize=SIZE] [uid=N], or remove ID [gpu=N]; uid=N: an instance for "
-                            "host processes of uid N; reading lists them"))
-    return ".SS Node\n" + _table(top) + ".SS Per GPU\n" + _table(gpu) + ".SS Per instance\n" + _table(inst)
+    files = tree_files()
+    part = {prefix: [_tree_item(e) for e in files if e.name.startswith(prefix) and "/" not in e.name[len(prefix):]]
+            for prefix in ("", "N/", "N/ID/")}
+    return (".SS Node\n" + _table(part[""]) + ".SS Per GPU\n" + _table(part["N/"])
+            + ".SS Per instance\n" + _table(part["N/ID/"]))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from arbiterd.core.errors import SettingError
 from cgpu_device_plugin import config as config_mod
 from cgpu_device_plugin.main import main
 
@@ -74,3 +75,41 @@ def test_a_bad_flag_value_is_refused_by_the_parser(capsys: pytest.CaptureFixture
         main(["--placement", "random"])
     assert exc.value.code == 2
     assert "invalid choice: 'random'" in capsys.readouterr().err
+
+
+def test_the_plugin_reads_its_config_with_arbiterds_loader() -> None:
+    from arbiterd.cli import configfile
+
+    assert isinstance(config_mod.LOADER, configfile.Loader)
+    assert issubclass(config_mod.ConfigError, SettingError)
+
+
+def test_the_plugin_uses_arbiterds_admin_client() -> None:
+    from arbiterd.tools import adminclient
+    from cgpu_device_plugin import admin
+
+    assert issubclass(admin.AdminClient, adminclient.AdminClient)
+    assert admin.Unreachable is adminclient.Unreachable and admin.Refused is adminclient.Refused
+    assert admin.AdminClient("/x").timeout == 5.0
+
+
+def test_every_flag_says_its_default() -> None:
+    from cgpu_device_plugin.main import build_parser
+
+    helps = {a.dest: a.help or "" for a in build_parser()._actions}
+    for name, s in config_mod.SETTINGS.items():
+        assert helps[name].endswith(f"(default {s.shown(s.default)})"), name
+
+
+def test_arbiterd_imports_neither_grpc_nor_the_plugin_and_the_plugins_command_line_needs_no_grpc() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys; import {mods}; "
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] in {banned}); print(bad); sys.exit(bool(bad))")
+    daemon = "arbiterd.main, arbiterd.server.daemon, arbiterd.server.reload, arbiterd.tools.cgpuctl, arbiterd.tools.smi"
+    for mods, banned in ((daemon, ("grpc", "cgpu_device_plugin")),
+                         ("cgpu_device_plugin.main, cgpu_device_plugin.config, cgpu_device_plugin.admin", ("grpc",))):
+        r = subprocess.run([sys.executable, "-c", probe.format(mods=mods, banned=banned)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr

@@ -78,3 +78,48 @@ def test_check_file_lists_every_error_and_accepts_the_shipped_config(tmp_path: P
     broken = tmp_path / "broken.toml"
     broken.write_text("policy = \n")
     assert "not valid TOML" in config.check_file(str(broken))[0]
+
+
+def test_default_memsize_is_the_tree_setting_declared_once(tmp_path: Path) -> None:
+    from arbiterd.core.settings import GLOBAL
+
+    assert config.OPTIONS["default_memsize"] is GLOBAL["default_memsize"]
+    cfg = config.load(None, overrides(build_parser().parse_args(["--default-memsize", "4GiB"])))
+    assert cfg.default_memsize == config.default_memsize(cfg) == 4 << 30
+    path = tmp_path / "a.toml"
+    path.write_text("default_memsize = 1073741824\n")
+    assert config.load(str(path), {}).default_memsize == 1 << 30
+    _, errs = config.from_mapping({"default_memsize": "big"})
+    arb = Arbiter([GpuInfo(0, "sim", "GPU-x", 2**30, True)])
+    with pytest.raises(SettingError) as exc:
+        tree.write(arb, "default_memsize", "big", 0)
+    assert errs == [str(exc.value)]
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--max-clients", "0"], "arbiterd: max_clients: expected an integer 1..100000, got 0"),
+    (["--policy", "9"], "arbiterd: policy: 9 is out of range 0..5"),
+    (["--client-mode", "999"], "arbiterd: client_mode: expected a file mode 0..0o777 (in TOML 0o660, on the "
+                               "command line 0660), got '999'"),
+    (["--admin-listen", "0.0.0.0:80"], "arbiterd: admin_listen: expected a loopback HOST:PORT, got '0.0.0.0:80'"),
+])
+def test_a_bad_flag_is_one_line_and_nothing_starts(argv: list[str], line: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from arbiterd.main import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_check_config_prints_each_error_or_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from arbiterd.main import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('policy = 7\nidentity = "x"\n')
+    assert main(["--check-config", str(bad)]) == 1
+    assert capsys.readouterr().out.splitlines() == ["policy: 7 is out of range 0..5",
+                                                    "identity: expected one of cgroup, declared, got 'x'"]
+    good = tmp_path / "good.toml"
+    good.write_text('slice_ms = "auto"\ndefault_memsize = "2GiB"\n')
+    assert main(["--check-config", str(good)]) == 0
+    assert capsys.readouterr().out == f"{good}: ok\n"
