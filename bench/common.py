@@ -1,18 +1,8 @@
-"""Helpers shared by the benchmarks."""
+"""Helpers the benchmarks share (the harness they share with the tests is ``cgpu_testing``)."""
 
 from __future__ import annotations
 
 import ctypes
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tool(name: str) -> str:
-    """Path of a console script installed beside this Python (arbiterd, cgpuctl, cgpu-run, ...)."""
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
 
 
 def has_gpu() -> bool:
@@ -23,3 +13,11 @@ def has_gpu() -> bool:
         return False
     count = ctypes.c_int(0)
     return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The value below which a fraction ``q`` of ``values`` lie (nearest rank); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -26,15 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
-from bench.common import ROOT
 from bench.fidelity_run import (
-    Daemon,
     NativeTarget,
     NativeTenants,
     TorchTenants,
     calibrate,
     duty_control,
+    start_daemon,
 )
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT
 
 TARGETS = {"max_share_error_pp": 3.0, "min_aggregate_pct": 95.0, "max_ratio_error_pct": 2.5,
            "pinned5_ratio_error_pct": 2.5}
@@ -134,7 +135,7 @@ Run = tuple[int, int, dict[str, int], dict[str, tuple[int, int]], dict[str, tupl
 """A contended run: its start and end, each process's weight, and the spans alone before and after it."""
 
 
-def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
+def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
     """One row: cycles of each busy tenant alone then all of them under the row's policy, and alone again.
 
     A tenant's share in a cycle is its rate in the contended run (whole rounds after a warm-up) against its
@@ -147,7 +148,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     the rule looks at the spread of the cycles, never at their mean.
     """
     for key, value in {**ROW_DEFAULTS, **row.settings}.items():
-        daemon.set(f"0/{key}", value)
+        daemon.echo(value, f"0/{key}")
     busy = [t for t in row.tenants if t.busy]
     cycles = args.pinned_cycles if row.pinned else args.ratio_cycles if row.ratio else args.cycles
     most = cycles * max(1, args.max_cycles_factor)
@@ -159,7 +160,7 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
     with tenants_of(row) as ts:
 
         def alone() -> None:
-            daemon.set("0/policy", "4")  # work-conserving: one tenant gets the whole GPU
+            daemon.echo("4", "0/policy")  # work-conserving: one tenant gets the whole GPU
             spans = {}
             for t in busy:
                 a0, a1 = ts.run([t.name], args.exclusive)
@@ -183,9 +184,9 @@ def run_row(daemon: Daemon, tenants_of: Any, row: Row, args: argparse.Namespace)
             if row.ratio and k % 4 in (1, 2):  # ABBA: the processes swap weights
                 weights = {"A": 2, "B": 1}
             for name in sorted(weights, key=lambda n: weights[n]):  # lower first: the sum stays <= max_inst
-                daemon.set(f"0/{ts.instance(name)}/weight", str(weights[name]))
+                daemon.echo(str(weights[name]), f"0/{ts.instance(name)}/weight")
             while True:
-                daemon.set("0/policy", str(row.policy))
+                daemon.echo(str(row.policy), "0/policy")
                 before = daemon.status()
                 # whole rounds are measured: a row with long rounds (3:5:7 at 100 ms is 1.5 s) runs longer
                 seconds = max(args.contended, args.warmup + ROUNDS * round_s(row))
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     controls: list[str] = []  # the machine's own loss in policy 0's turns, no cgpu (duty_control)
     for size in args.sizes.split(","):
         ms = float(size)
-        with Daemon(tmp / f"d-{size}", real_gpu=where is not None and where.real_gpu) as daemon:
+        with start_daemon(tmp / f"d-{size}", real_gpu=where is not None and where.real_gpu) as daemon:
             tenants_of: Callable[[Row], NativeTenants | TorchTenants]
             if args.native:
                 assert where is not None

@@ -1,7 +1,7 @@
 """The moving parts of bench.fidelity: a daemon at its defaults, and tenants it can start and pause.
 
 :class:`TorchTenants` runs bench/fidelity_worker.py under ``cgpu-run --device cpu``;
-:class:`NativeTenants` runs the C job program (tests/native/progs/cuda_job.c, ``serve`` mode) with
+:class:`NativeTenants` runs the C job program (cgpu_testing/native/cuda_job.c, ``serve`` mode) with
 libcgpu.so preloaded, against the fake CUDA driver, or the real one where there is a GPU. Both answer
 ``run(names, seconds)`` (those tenants work, the others are paused) and, afterwards, ``ends(name)`` (when
 each unit of work finished) and ``leases(name)`` (when each turn started).
@@ -20,7 +20,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol
 
-from bench.common import ROOT, has_gpu, tool
+from bench.common import has_gpu
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT, tool
 
 SPIN_BATCH = 4  # kernels queued at once by a native tenant
 # glibc malloc's thresholds fixed, so freed tensors stay in the heap: with its self-adjusting defaults a
@@ -46,49 +48,10 @@ class RowLike(Protocol):
     def tenants(self) -> tuple[TenantLike, ...]: ...
 
 
-class Daemon:
-    """arbiterd at its defaults, in a directory of its own."""
-
-    def __init__(self, tmp: Path, real_gpu: bool = False) -> None:
-        self.tmp = tmp
-        self.sock, self.admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
-        gpus = [] if real_gpu else ["--sim-gpus", "1x16GiB"]
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.log = open(tmp / "arbiterd.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir",
-                                      str(tmp / "state"), *gpus, "--identity", "declared"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        from libcgpu_client.client import wait_for_socket
-
-        if not (wait_for_socket(self.sock, 20) and wait_for_socket(self.admin, 20)):
-            raise RuntimeError(f"arbiterd did not start; see {tmp / 'arbiterd.log'}")
-
-    def ctl(self, *args: str) -> str:
-        r = subprocess.run([tool("cgpuctl"), "--admin", self.admin, *args], capture_output=True, text=True,
-                           timeout=30)
-        if r.returncode != 0:
-            raise RuntimeError(f"cgpuctl {' '.join(args)}: {r.stderr.strip()}")
-        return r.stdout
-
-    def set(self, path: str, value: str) -> None:
-        self.ctl("echo", value, path)
-
-    def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(self.ctl("status"))
-        return doc
-
-    def forget(self, instance: str) -> None:
-        """Remove a finished tenant's record, so that its weight is free for the next row."""
-        subprocess.run([tool("cgpuctl"), "--admin", self.admin, "echo", f"remove {instance}", "inst_ctl"],
-                       capture_output=True, timeout=30)
-
-    def __enter__(self) -> Daemon:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
-        self.log.close()
+def start_daemon(tmp: Path, real_gpu: bool = False) -> DaemonProc:
+    """arbiterd at its defaults (not started: ``with`` it), in a directory of its own, on a simulated GPU unless
+    ``real_gpu``."""
+    return DaemonProc(tmp, *([] if real_gpu else ["--sim-gpus", "1x16GiB"]), "--identity", "declared")
 
 
 def calibrate(ms: float, threads: int) -> int:
@@ -152,7 +115,7 @@ def duty_control(size: int, threads: int, on_ms: float, blocks: int = 4) -> list
 class _Tenants:
     """Processes that each serve one tenant through stdin commands (run, pause, dump, quit)."""
 
-    def __init__(self, daemon: Daemon, row: RowLike) -> None:
+    def __init__(self, daemon: DaemonProc, row: RowLike) -> None:
         self.daemon, self.row = daemon, row
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.data: dict[str, dict[str, Any]] = {}
@@ -227,11 +190,12 @@ class _Tenants:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            self.daemon.forget(self.instance(name))
+            # the finished tenant's record goes, so that its weight is free for the next row
+            self.daemon.ctl("echo", f"remove {self.instance(name)}", "inst_ctl")
 
 
 class TorchTenants(_Tenants):
-    def __init__(self, daemon: Daemon, row: RowLike, size: int, threads: int) -> None:
+    def __init__(self, daemon: DaemonProc, row: RowLike, size: int, threads: int) -> None:
         super().__init__(daemon, row)
         self.size, self.threads = size, threads
 
@@ -256,14 +220,15 @@ class NativeTarget:
 
 
 def native_target(tmp: Path) -> NativeTarget | None:
+    from cgpu_testing.native.build import build_fakes, build_job
     from libcgpu_client.native import build as nb
     from libcgpu_client.native import shim_path
 
     shim = shim_path()
     try:
-        job = nb.build_program([ROOT / "tests/native/progs/cuda_job.c"], tmp / "cuda_job")
+        job = build_job(tmp / "cuda_job")
         real = has_gpu()
-        fakes = None if real else nb.build_fakes(tmp / "fakes")
+        fakes = None if real else build_fakes(tmp / "fakes")
         if shim is None:
             shim = nb.build_shim(tmp / "shim")
     except (nb.BuildError, FileNotFoundError):
@@ -272,7 +237,7 @@ def native_target(tmp: Path) -> NativeTarget | None:
 
 
 class NativeTenants(_Tenants):
-    def __init__(self, where: NativeTarget, daemon: Daemon, row: RowLike, ms: float, tmp: Path) -> None:
+    def __init__(self, where: NativeTarget, daemon: DaemonProc, row: RowLike, ms: float, tmp: Path) -> None:
         super().__init__(daemon, row)
         self.where, self.ms, self.kernel_ns = where, ms, int(ms * 1e6)
 

@@ -29,7 +29,7 @@ Where the proof itself runs in a container, every process of it would be that on
 It writes ``gpu.json`` and ``gpu.md`` to ``--out`` and ends with ``gpu=<name> driver=<ver> nvml_ok=<0|1>
 oom_ok=<0|1> resnet_ratio_min=<x> resnet_ratio_max=<x> aggregate_min_pct=<x> handover_ms=<x>
 shim_overhead_pct=<x>`` (``na`` where a part did not run); it exits 1 if a part failed. With no GPU it says so in
-one line and exits 0. ``--fake`` runs it on the fake CUDA driver and NVML (libcgpu_client/native/fake), where the
+one line and exits 0. ``--fake`` runs it on the fake CUDA driver and NVML (cgpu_testing/native), where the
 parts that need PyTorch on a GPU skip. It needs no network: what a GPU host has (the driver, PyTorch with CUDA,
 torchvision, gcc) and this package, installed with ``python3 -m pip install --no-deps --no-build-isolation -e .``
 by the ``python3`` that holds PyTorch (its ``bin`` first on ``PATH``, where ``arbiterd`` and ``cgpu-run`` land).
@@ -55,15 +55,15 @@ from typing import Any
 
 from arbiterd.server.config import Config
 from bench import results
-from bench.cast import DaemonProc
-from bench.common import ROOT, has_gpu, tool
+from bench.common import has_gpu
 from bench.gpu_host import by_name, identity_needs_declaring, rows, run_group, smi_query, torch_cuda
 from bench.gpu_report import record, render
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT, tool
 
 PARTS = ("discovery", "memory", "resnet50", "handover", "cuda_ratio", "containment")
 # what each part may take (s): a part starts only if this much of the budget is left
 NEEDS = {"discovery": 10, "memory": 30, "resnet50": 300, "handover": 60, "cuda_ratio": 40, "containment": 0}
-JOB = ROOT / "tests" / "native" / "progs" / "cuda_job.c"
 GIB = 1 << 30
 MIB = 1 << 20
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -99,14 +99,15 @@ class Proof:
     def build(self) -> None:
         """libcgpu.so where ``cgpu-run --native`` looks for it (this checkout's libcgpu_client/native, unless an
         install built it already), and the CUDA job program."""
+        from cgpu_testing.native.build import build_fakes, build_job
         from libcgpu_client.native import HERE, shim_path
         from libcgpu_client.native import build as nb
 
         t0 = time.monotonic()
         self.shim = shim_path() or nb.build_shim(HERE)
-        self.job = nb.build_program([JOB], self.tmp / "build" / "cuda_job")
+        self.job = build_job(self.tmp / "build" / "cuda_job")
         if self.fake:
-            fakes = nb.build_fakes(self.tmp / "fakes")
+            fakes = build_fakes(self.tmp / "fakes")
             self.env = {"LD_LIBRARY_PATH": str(fakes), "FAKECUDA_DEVICES": "1", "FAKECUDA_MEM_MB": "16384"}
         print(f"libcgpu.so ({self.shim}) and the CUDA job program ready in {time.monotonic() - t0:.1f} s", flush=True)
 
@@ -121,9 +122,7 @@ class Proof:
             args = ["--identity", "declared"]
             print(f"  except identity declared: {why}", flush=True)
             self.info["identity"] = f"declared ({why})"
-        d = DaemonProc(self.tmp / "d", *args, env=self.env)
-        d.tmp.mkdir(parents=True, exist_ok=True)
-        self.daemon = d.start()
+        self.daemon = DaemonProc(self.tmp / "d", *args, env=self.env).start()
         gpus = self.status()["gpus"]
         self.info["gpus"] = [{k: g[k] for k in ("index", "uuid", "name", "total_mem", "simulated")} for g in gpus]
         print(f"arbiterd sees {len(gpus)} GPU(s): " + "; ".join(
@@ -445,7 +444,7 @@ class Proof:
         gpus = self.info.get("gpus") or []
         machine = (results.machine().removesuffix(", no GPU") + ", GPU: "
                    + ("; ".join(f"{g['name']} ({g['total_mem'] / GIB:.1f} GiB)" for g in gpus) or "none found")
-                   + f", driver {self.info.get('driver', '?')}" + (" (FAKE: libcgpu_client/native/fake)" * self.fake))
+                   + f", driver {self.info.get('driver', '?')}" + (" (FAKE: cgpu_testing/native)" * self.fake))
         doc = {"command": command, "fake": self.fake, "machine": machine, "budget_s": self.budget_s,
                "seconds": round(time.monotonic() - self.started, 1), "info": self.info,
                "parts": {n: p.__dict__ for n, p in self.parts.items()}, "summary": self.summary()}

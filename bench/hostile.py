@@ -13,7 +13,7 @@ one. Last the daemon is killed with SIGKILL and started again, then again after 
 file: the operator's settings must all be back.
 
 Host attackers run as ``nobody``; containers are real cgroups when this runs as root, else a fake /proc
-(bench/cast.py). The output ends with ``attacks=<n> refused=<n> victim_share_pct=<x> victim_rtt_p99_ms=<x>
+(cgpu_testing/cast.py). The output ends with ``attacks=<n> refused=<n> victim_share_pct=<x> victim_rtt_p99_ms=<x>
 state_kept=<0|1>``; targets: every attack refused, the victim's share within 3 points of 50, its p99 at most 5 ms
 during the floods, and state kept. The table goes to bench/RESULTS.md (section ``hostile``).
 """
@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -37,8 +36,9 @@ from typing import Any
 
 from arbiterd.server.config import Config
 from bench import results
-from bench.cast import IS_ROOT, NOBODY, Agent, Cast, DaemonProc, forge_container, remove_cgroups
-from bench.common import tool
+from cgpu_testing.cast import Agent, Cast, forge_container
+from cgpu_testing.containers import IS_ROOT, NOBODY, remove_cgroups
+from cgpu_testing.daemon import DaemonProc
 
 GPUS = "2x16GiB"
 LIE = {"claim_warmup_ns": 90_000_000, "claim_transit_ns": 20_000_000}
@@ -171,17 +171,19 @@ def _fill(b: Battery) -> tuple[bool, str]:
 
 
 def _planted_dir(b: Battery, how: str) -> tuple[bool, str]:
-    base = b.tmp / f"planted-{how}"
-    run = base / "run"
-    run.mkdir(parents=True)
+    d = b.daemon("--sim-gpus", GPUS, sub=f"planted-{how}", start=False)
+    d.run_dir.mkdir(parents=True)
     if how == "owned":
-        os.chown(run, NOBODY, NOBODY)
+        os.chown(d.run_dir, NOBODY, NOBODY)
     else:
-        os.chmod(run, 0o777)
-    r = subprocess.run([tool("arbiterd"), "--run-dir", str(run), "--state-dir", str(base / "state"), "--sim-gpus",
-                        GPUS], capture_output=True, text=True, timeout=30)
-    line = next((x for x in r.stderr.splitlines() if "cannot start" in x), r.stderr.strip()[-140:])
-    return r.returncode == 1 and not (run / "arbiter.sock").exists(), line.split("cannot start: ")[-1][:140]
+        os.chmod(d.run_dir, 0o777)
+    try:
+        d.start()
+    except RuntimeError as exc:
+        line = next((x for x in str(exc).splitlines() if "cannot start" in x), str(exc).strip()[-140:])
+        return d.stop() == 1 and not Path(d.sock).exists(), line.split("cannot start: ")[-1][:140]
+    d.stop()
+    return False, "started in it"
 
 
 def _planted_token(b: Battery) -> tuple[bool, str]:
@@ -328,11 +330,7 @@ def state_phase(b: Battery, d: DaemonProc) -> tuple[bool, str]:
     d.start()
     after_kill = [d.ctl("cat", p).stdout for p in ("inst_ctl", "0/policy", "0/max_inst")]
     d.stop()
-    path = d.state_dir / "state.json"
-    doc = json.loads(path.read_text())
-    doc["instances"].append({"id": "poison\n", "gpu": 0, "weight": 0, "highprio": 0, "memsize": 0,
-                             "provisioned": True})
-    path.write_text(json.dumps(doc))
+    d.add_state_record({"id": "poison\n", "gpu": 0, "weight": 0, "highprio": 0, "memsize": 0, "provisioned": True})
     d.start()
     after_bad = [d.ctl("cat", p).stdout for p in ("inst_ctl", "0/policy", "0/max_inst")]
     kept = before == after_kill == after_bad and before[0] != ""

@@ -1,11 +1,11 @@
 """Pods arriving and leaving through a fake kubelet on an 8-GPU node, under binpack and under spread.
 
-    python -m bench.k8s [--json] [--pods 200] [--seed 7] [--fake-arbiter] [--no-results]
+    python -m bench.k8s [--json] [--pods 200] [--seed 7] [--no-results]
 
 One event sequence (fixed seed) of ``--pods`` arrivals, each pod asking for GPU memory
 and/or a core percentage of random sizes and leaving after a random number of arrivals,
 is replayed once per placement policy: a fresh arbiterd (``--sim-gpus 8x16GiB``), a fresh
-fake kubelet (tests/k8s/fake_kubelet.py) and the plugin in this process. After every
+fake kubelet and the plugin in this process (cgpu_testing/k8s.py). After every
 arrival and departure the bench reads arbiterd's status and counts a card whose allocated
 memory or core percentage passes its total as an overcommit.
 
@@ -16,8 +16,7 @@ when it binds). That is fragmentation. Pods the node had no room for are counted
 ``Allocate`` latency is the kubelet-side time of each Allocate RPC.
 
 arbiterd runs at its defaults plus ``--allocations required`` (``--identity cgroup`` with the
-fake kubelet's /proc). ``--fake-arbiter`` puts the fake admin API of tests/k8s/fake_arbiter.py
-in its place, to time the plugin alone; bench/RESULTS.md is then not written. The output ends with
+fake kubelet's /proc). The output ends with
 ``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x>``.
 """
 
@@ -33,13 +32,11 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from bench.common import percentile
 from cgpu_device_plugin.admin import AdminClient
-from cgpu_device_plugin.config import Config
-from cgpu_device_plugin.plugin import Plugin
-from tests.k8s.fake_arbiter import FakeArbiter
-from tests.k8s.fake_kubelet import CORE, MEM, AdmissionError, FakeKubelet, Pod
+from cgpu_testing.k8s import Node, node_daemon
+from cgpu_testing.kubelet import CORE, MEM, AdmissionError, Pod
 
 GPUS, GIB_PER_GPU = 8, 16
 MEM_SIZES = [1, 2, 2, 4, 4, 4, 6, 8, 8, 12, 16]  # GiB, weighted by repetition
@@ -95,92 +92,61 @@ def overcommitted(admin: AdminClient) -> int:
     return sum(1 for c in node.cards if c.alloc_mem > c.total_mem or c.alloc_core > 100)
 
 
-def replay(placement: str, arrivals: list[Arrival], fake: bool, root: Path) -> Run:
+def replay(placement: str, arrivals: list[Arrival], root: Path) -> Run:
+    """The arrivals on a fresh node (arbiterd, fake kubelet, plugin) under ``placement``."""
     root.mkdir(parents=True)
     run = Run(placement)
-    daemon: Any = None
-    arbiter: FakeArbiter | None = None
-    if fake:
-        arbiter = FakeArbiter(root / "admin.sock", [GIB_PER_GPU] * GPUS).start()
-        admin_socket, socket_dir = str(arbiter.path), str(root)
-    else:
-        from bench.cast import DaemonProc
-
-        (root / "k" / "proc").mkdir(parents=True)
-        daemon = DaemonProc(root / "d", "--sim-gpus", f"{GPUS}x{GIB_PER_GPU}GiB", "--identity", "cgroup",
-                            "--proc-root", str(root / "k" / "proc"), "--allocations", "required",
-                            "--alloc-mount", "/run/cgpu-alloc")
-        daemon.tmp.mkdir()
+    with node_daemon(root / "d", f"{GPUS}x{GIB_PER_GPU}GiB") as daemon:
+        node = Node(root, daemon)
         try:
-            daemon.start()
-        except RuntimeError as exc:
-            raise SystemExit("bench.k8s: arbiterd did not start; without allocation support (alloc_ctl) run "
-                             f"python -m bench.k8s --fake-arbiter\n{exc}") from None
-        admin_socket, socket_dir = daemon.admin, str(daemon.run_dir)
-    libcgpu = root / "libcgpu.so"
-    libcgpu.write_bytes(b"")
-    kubelet = FakeKubelet(root / "dp", root / "k").start()
-    plugin = Plugin(Config(kubelet_dir=str(root / "dp"), admin_socket=admin_socket, socket_dir=socket_dir,
-                           libcgpu=str(libcgpu), alloc_dir=str(root / "alloc"), placement=placement,
-                           poll_interval_s=0.2, watch_interval_s=0.2))
-    plugin.start()
-    admin = AdminClient(admin_socket)
-    try:
-        for resource in (MEM, CORE):
-            kubelet.wait_registered(resource)
-        live: dict[str, tuple[Arrival, Pod]] = {}
-        uuids = [c.uuid for c in admin.node().cards]
-        for a in arrivals:
-            for name, (b, pod) in sorted(live.items()):
-                if b.leaves_at <= a.step:
-                    kubelet.delete(pod)
-                    del live[name]
-                    run.overcommits += overcommitted(admin)
-            run.pods += 1
-            used: dict[str, list[int]] = {}
-            for _, p in live.values():
-                for resource, k in ((MEM, 0), (CORE, 1)):
-                    for d in (d for c in p.containers for d in c.devices.get(resource, [])):
-                        used.setdefault(d.rsplit("-", 2)[0], [0, 0])[k] += 1
-            one_card = any(GIB_PER_GPU - u[0] >= a.mem and 100 - u[1] >= a.core
-                           for u in [used.get(uuid, [0, 0]) for uuid in uuids])
-            free_mem = GPUS * GIB_PER_GPU - sum(b.mem for b, _ in live.values())
-            free_core = GPUS * 100 - sum(b.core for b, _ in live.values())
-            requests = {r: n for r, n in ((MEM, a.mem), (CORE, a.core)) if n}
-            try:
-                pod = kubelet.admit(a.name, [requests])
-            except AdmissionError as exc:
-                if a.mem > free_mem or a.core > free_core:
-                    run.no_room += 1
-                else:
-                    run.refused += 1
-                    key = str(exc).split(": ", 2)[-1][:60]
-                    run.reasons[key] = run.reasons.get(key, 0) + 1
-            else:
-                run.admitted += 1
-                live[a.name] = (a, pod)
-                mem_cards, core_cards = cards(pod, MEM), cards(pod, CORE)
-                run.spanned += len(mem_cards) > 1
-                if mem_cards and core_cards and not core_cards <= mem_cards:
-                    run.split += 1
-                    run.split_no_card += not one_card
-            run.overcommits += overcommitted(admin)
-        run.allocate_ms = [s * 1000 for s in kubelet.allocate_seconds]
-    finally:
-        kubelet.close()
-        plugin.stop()
-        if arbiter is not None:
-            arbiter.stop()
-        if daemon is not None:
-            daemon.stop()
+            node.start_plugin(placement=placement, poll_interval_s=0.2, watch_interval_s=0.2)
+            admin = node.admin()
+            uuids = [c.uuid for c in admin.node().cards]
+            live: dict[str, tuple[Arrival, Pod]] = {}
+            for a in arrivals:
+                for name, (b, pod) in sorted(live.items()):
+                    if b.leaves_at <= a.step:
+                        node.kubelet.delete(pod)
+                        del live[name]
+                        run.overcommits += overcommitted(admin)
+                arrive(node, a, live, uuids, run)
+                run.overcommits += overcommitted(admin)
+            run.allocate_ms = [s * 1000 for s in node.kubelet.allocate_seconds]
+        finally:
+            node.close()
     return run
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def arrive(node: Node, a: Arrival, live: dict[str, tuple[Arrival, Pod]], uuids: list[str], run: Run) -> None:
+    """Admit pod ``a`` beside the ``live`` ones, and count in ``run`` what became of it."""
+    run.pods += 1
+    used: dict[str, list[int]] = {}
+    for _, p in live.values():
+        for resource, k in ((MEM, 0), (CORE, 1)):
+            for d in (d for c in p.containers for d in c.devices.get(resource, [])):
+                used.setdefault(d.rsplit("-", 2)[0], [0, 0])[k] += 1
+    one_card = any(GIB_PER_GPU - u[0] >= a.mem and 100 - u[1] >= a.core
+                   for u in [used.get(uuid, [0, 0]) for uuid in uuids])
+    free_mem = GPUS * GIB_PER_GPU - sum(b.mem for b, _ in live.values())
+    free_core = GPUS * 100 - sum(b.core for b, _ in live.values())
+    requests = {r: n for r, n in ((MEM, a.mem), (CORE, a.core)) if n}
+    try:
+        pod = node.kubelet.admit(a.name, [requests])
+    except AdmissionError as exc:
+        if a.mem > free_mem or a.core > free_core:
+            run.no_room += 1
+        else:
+            run.refused += 1
+            key = str(exc).split(": ", 2)[-1][:60]
+            run.reasons[key] = run.reasons.get(key, 0) + 1
+        return
+    run.admitted += 1
+    live[a.name] = (a, pod)
+    mem_cards, core_cards = cards(pod, MEM), cards(pod, CORE)
+    run.spanned += len(mem_cards) > 1
+    if mem_cards and core_cards and not core_cards <= mem_cards:
+        run.split += 1
+        run.split_no_card += not one_card
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,8 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document before the summary line")
     parser.add_argument("--pods", type=int, default=200, help="pod arrivals (default 200)")
     parser.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
-    parser.add_argument("--fake-arbiter", action="store_true",
-                        help="use the fake admin API instead of arbiterd (until arbiterd has alloc_ctl)")
     parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -198,27 +162,27 @@ def main(argv: list[str] | None = None) -> int:
     arrivals = workload(args.pods, args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="bk-", dir="/tmp"))  # short: UNIX socket paths
     try:
-        runs = [replay(p, arrivals, args.fake_arbiter, tmp / p) for p in ("binpack", "spread")]
+        runs = [replay(p, arrivals, tmp / p) for p in ("binpack", "spread")]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     all_ms = [ms for r in runs for ms in r.allocate_ms]
-    p99 = pct(all_ms, 0.99)
+    p99 = percentile(all_ms, 0.99)
     header = (f"{'placement':9} {'pods':>5} {'admitted':>8} {'no room':>7} {'refused':>7} {'split':>5} "
               f"{'(no card)':>9} {'spanned':>7} {'overcommits':>11} {'alloc p50 ms':>12} {'p99 ms':>7}")
     rows = [f"{r.placement:9} {r.pods:5d} {r.admitted:8d} {r.no_room:7d} {r.refused:7d} {r.split:5d} "
             f"{r.split_no_card:9d} {r.spanned:7d} {r.overcommits:11d} {statistics.median(r.allocate_ms or [0]):12.2f} "
-            f"{pct(r.allocate_ms, 0.99):7.2f}" for r in runs]
+            f"{percentile(r.allocate_ms, 0.99):7.2f}" for r in runs]
     pods = runs[0].pods
     overcommits = sum(r.overcommits for r in runs)
     summary = (f"pods={pods} overcommits={overcommits} binpack_refused={runs[0].cannot_run} "
                f"spread_refused={runs[1].cannot_run} allocate_p99_ms={p99:.2f}")
     if args.json:
-        print(json.dumps({"arbiter": "fake" if args.fake_arbiter else "arbiterd", "seed": args.seed,
+        print(json.dumps({"arbiter": "arbiterd", "seed": args.seed,
                           "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
                           "runs": [{**{k: v for k, v in asdict(r).items() if k != "allocate_ms"},
                                     "cannot_run": r.cannot_run,
                                     "allocate_p50_ms": round(statistics.median(r.allocate_ms or [0]), 3),
-                                    "allocate_p99_ms": round(pct(r.allocate_ms, 0.99), 3)} for r in runs]},
+                                    "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs]},
                          indent=2))
     print(header)
     print("\n".join(rows))
@@ -226,9 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "refuses the container at bind); (no card): of those, pods no single card had room for; spanned: "
             "memory over several cards")
     print(note)
-    if args.fake_arbiter:
-        print("(against the fake admin API of tests/k8s/fake_arbiter.py; bench/RESULTS.md not written)")
-    elif not args.no_results:
+    if not args.no_results:
         from bench import results
 
         cmd = "python -m bench.k8s " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -24,9 +24,9 @@ from typing import Any
 
 from arbiterd.tools.adminclient import AdminClient
 from bench import results
-from bench.common import ROOT, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT
 from libcgpu_client.aio import AsyncClient
-from libcgpu_client.client import wait_for_socket
 
 OP_S = 0.001
 
@@ -111,16 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-results", action="store_true")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-load-"))
-    sock, admin = str(tmp / "run" / "arbiter.sock"), str(tmp / "run" / "admin.sock")
-    daemon = subprocess.Popen([tool("arbiterd"), "--run-dir", str(tmp / "run"), "--state-dir", str(tmp / "state"),
-                               "--sim-gpus", f"{args.gpus}x16GiB", "--identity", "declared", "--policy", "4",
-                               "--max-inst", "25", "--max-clients", "4096", "--log-level", "warning",
-                               # the load processes are Python on a 2-core machine: at start-up they may
-                               # answer slower than 500 ms; a cut-off would not be a fault of the daemon
-                               "--overrun-ms", "5000"])
+    # the load processes are Python on a 2-core machine: at start-up they may answer slower than 500 ms; a
+    # cut-off would not be a fault of the daemon (--overrun-ms)
+    daemon = DaemonProc(tmp / "d", "--sim-gpus", f"{args.gpus}x16GiB", "--identity", "declared", "--policy", "4",
+                        "--max-inst", "25", "--max-clients", "4096", "--log-level", "warning",
+                        "--overrun-ms", "5000").start()
+    sock, admin = daemon.sock, daemon.admin
     try:
-        if not wait_for_socket(sock, 20) or not wait_for_socket(admin, 20):
-            raise RuntimeError("arbiterd did not start")
         specs = [(g, f"g{g}-i{i}", i % 2 == 1) for g in range(args.gpus) for i in range(args.instances)
                  for _ in range(args.procs)]
         random.Random(1).shuffle(specs)
@@ -142,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.monotonic() - t0
         cpu = cpu_seconds(daemon.pid) - cpu0
     finally:
-        daemon.terminate()
-        daemon.wait(10)
+        daemon.stop()
     logs = [json.loads(Path(o).read_text()) for o in outs]
     latency = sorted(x for log in logs for x in log["latency_us"])
     held = [h for log in logs for h in log["held"]]

@@ -29,8 +29,8 @@ from typing import Any
 
 from arbiterd.tools.adminclient import AdminClient
 from bench import results
-from bench.common import ROOT, tool
-from libcgpu_client.client import wait_for_socket
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT, tool
 
 # cGPU's reference (behaviour §9): two containers on one A10, compute ratio 1:2 (images/s)
 REFERENCE_TF = {16: (151, 307, 2.03), 32: (204, 418, 2.05), 64: (247, 503, 2.04), 128: (257, 516, 2.01)}
@@ -304,23 +304,23 @@ def main(argv: list[str] | None = None) -> int:
     w1, w2 = (int(w) for w in args.weights.split(":"))
     batches = [int(b) for b in args.batch.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-rn50-"))
-    daemon = None
+    daemon: DaemonProc | None = None
     if args.admin:
         admin = args.admin
         sock = args.socket or str(Path(admin).with_name("arbiter.sock"))
     else:
-        run_dir = tmp / "run"
-        sock, admin = str(run_dir / "arbiter.sock"), str(run_dir / "admin.sock")
-        cmd = [tool("arbiterd"), "--run-dir", str(run_dir), "--state-dir", str(tmp / "state"),
-               "--identity", "declared", "--log-level", "warning"]
+        flags = ["--identity", "declared", "--log-level", "warning"]
         if args.slice_ms is not None:
-            cmd += ["--slice-ms", str(args.slice_ms)]
+            flags += ["--slice-ms", str(args.slice_ms)]
         if args.device == "cpu":
-            cmd += ["--sim-gpus", "1x16GiB"]
-        daemon = subprocess.Popen(cmd)
-        if not wait_for_socket(sock, 20) or not wait_for_socket(admin, 20):
-            print("resnet50: arbiterd did not start", file=sys.stderr)
+            flags += ["--sim-gpus", "1x16GiB"]
+        daemon = DaemonProc(tmp / "d", *flags)
+        try:
+            daemon.start()
+        except RuntimeError as exc:
+            print(f"resnet50: {exc}", file=sys.stderr)
             return 1
+        sock, admin = daemon.sock, daemon.admin
     ctl = [tool("cgpuctl"), "--admin", admin]
     try:
         subprocess.run([*ctl, "echo", str(args.policy), "0/policy"], check=True)
@@ -372,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{pa:.1f} / {pb:.1f} (ratio {pb / pa:.2f})", file=sys.stderr, flush=True)
     finally:
         if daemon is not None:
-            daemon.terminate()
-            daemon.wait(10)
+            daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     doc = {"weights": [w1, w2], "policy": args.policy,
            "slice_ms": "auto (default)" if args.slice_ms is None else args.slice_ms, "image_size": args.image_size,

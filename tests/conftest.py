@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.helpers import DaemonProc
+from cgpu_testing.daemon import DaemonProc
 
 # Property tests judge the code, not this machine's pace: no per-example deadline and no "generation is slow"
 # health check (the first text strategy of a fresh checkout spends a second building hypothesis's character
@@ -33,11 +33,10 @@ def daemon_factory(short_tmp: Path) -> Iterator[type]:
         @staticmethod
         def start(*args: str, sub: str = "d", **kw: object) -> DaemonProc:
             d = DaemonProc(short_tmp / sub, *args, **kw)  # type: ignore[arg-type]
-            d.tmp.mkdir(parents=True, exist_ok=True)
             started.append(d)
             return d.start()
 
     yield Factory
     for d in started:
-        if d.proc is not None and d.proc.poll() is None:
+        if d.running():
             d.stop()

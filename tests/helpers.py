@@ -1,4 +1,6 @@
-"""Test helpers: a real arbiterd in a subprocess, and a raw protocol client."""
+"""Test helpers: a raw protocol client, and a well-behaved client in the background.
+
+The daemon launcher and the rest of the harness that tests share with the benchmarks are in ``cgpu_testing``."""
 
 from __future__ import annotations
 
@@ -9,10 +11,7 @@ from typing import Any
 
 import msgpack
 
-from bench.cast import DaemonProc
-from bench.common import ROOT, tool
-
-__all__ = ["ROOT", "BackgroundGate", "DaemonProc", "RawClient", "tool"]
+__all__ = ["BackgroundGate", "RawClient"]
 
 
 class RawClient:

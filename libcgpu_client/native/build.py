@@ -2,9 +2,10 @@
 
 The product build of libcgpu.so is ``pip install`` (``setup.py``); this module
 builds the same sources again when a test wants them with AddressSanitizer,
-and builds what is *not* the product: the fake ``libcuda.so.1`` and
-``libnvidia-ml.so.1`` (``fake/``) and C test programs. Everything is compiled
-with warnings as errors.
+and C programs against the shim's headers (``cuda_min.h``, ``mp.h``). The fake
+CUDA driver and NVML are not the product: ``cgpu_testing/native`` holds them
+and builds them with :func:`gcc` and :func:`flags`. Everything is compiled with
+warnings as errors.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ class BuildError(RuntimeError):
     """gcc failed; the message carries its output."""
 
 
-def _flags(asan: bool) -> list[str]:
+def flags(asan: bool) -> list[str]:
     return ["-std=c11", "-g", "-O1" if asan else "-O2", *WARNINGS, *(ASAN if asan else [])]
 
 
-def _gcc(args: list[str], out: Path, inputs: list[Path]) -> Path:
+def gcc(args: list[str], out: Path, inputs: list[Path]) -> Path:
     """Run gcc unless ``out`` is newer than every input (and the command is unchanged)."""
     stamp = out.with_name(out.name + ".cmd")
     cmd = ["gcc", *args, "-o", str(out)]
@@ -45,37 +46,27 @@ def _gcc(args: list[str], out: Path, inputs: list[Path]) -> Path:
     return out
 
 
-def _headers() -> list[Path]:
+def headers() -> list[Path]:
     return sorted(HERE.glob("*.h"))
 
 
 def build_shim(out_dir: Path, asan: bool = False) -> Path:
     srcs = [HERE / s for s in SHIM_SOURCES]
     out = out_dir / ("libcgpu-asan.so" if asan else "libcgpu.so")
-    args = [*_flags(asan), "-fPIC", "-shared", "-fvisibility=hidden", *map(str, srcs), "-ldl", "-lpthread"]
-    return _gcc(args, out, srcs + _headers())
-
-
-def build_fakes(out_dir: Path, asan: bool = False) -> Path:
-    """The fake libcuda.so.1 and libnvidia-ml.so.1, in ``out_dir`` (put it on LD_LIBRARY_PATH)."""
-    for src, soname in (("fakecuda.c", "libcuda.so.1"), ("fakenvml.c", "libnvidia-ml.so.1")):
-        path = HERE / "fake" / src
-        args = [*_flags(asan), "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic",
-                f"-Wl,-soname,{soname}", str(path), "-lpthread"]
-        _gcc(args, out_dir / soname, [path, *_headers()])
-    return out_dir
+    args = [*flags(asan), "-fPIC", "-shared", "-fvisibility=hidden", *map(str, srcs), "-ldl", "-lpthread"]
+    return gcc(args, out, srcs + headers())
 
 
 def build_program(srcs: list[Path], out: Path, *, asan: bool = False, link_cuda: Path | None = None,
                   defines: tuple[str, ...] = ()) -> Path:
-    """A C program from ``srcs``; ``link_cuda`` = the fakes' directory, to link libcuda.so.1 directly."""
-    inputs = [*srcs, *_headers()]
-    args = [*_flags(asan), f"-I{HERE}", *(f"-D{d}" for d in defines), *map(str, srcs)]
+    """A C program from ``srcs``; ``link_cuda`` = a directory with a libcuda.so.1 (the fakes'), to link it directly."""
+    inputs = [*srcs, *headers()]
+    args = [*flags(asan), f"-I{HERE}", *(f"-D{d}" for d in defines), *map(str, srcs)]
     if link_cuda is not None:
         args += [str(link_cuda / "libcuda.so.1"), f"-Wl,-rpath-link,{link_cuda}"]
         inputs.append(link_cuda / "libcuda.so.1")
     args += ["-ldl", "-lpthread"]
-    return _gcc(args, out, inputs)
+    return gcc(args, out, inputs)
 
 
 def asan_runtime() -> str:

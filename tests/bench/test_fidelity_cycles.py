@@ -28,7 +28,7 @@ class FakeDaemon:
     def __init__(self, clock: Clock) -> None:
         self.clock, self.settings = clock, dict[str, str]()
 
-    def set(self, path: str, value: str) -> None:
+    def echo(self, value: str, path: str) -> None:
         self.settings[path] = value
 
     def status(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu, gpu_host
-from bench.common import ROOT
+from cgpu_testing.tools import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds libcgpu.so and the job program")
 

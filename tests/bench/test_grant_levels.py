@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import hotpath, overhead
+from bench import grants, hotpath
 
 
 def level(clients: int, cpu_pct: float, saturated: bool, p50: float = 50.0) -> dict[str, Any]:
@@ -20,7 +20,7 @@ def level(clients: int, cpu_pct: float, saturated: bool, p50: float = 50.0) -> d
 def test_the_headline_is_the_highest_level_that_is_not_saturated() -> None:
     levels = {"1": level(1, 5.0, False, 40.0), "16": level(16, 60.0, False, 45.0),
               "32": level(32, 90.0, True, 1500.0)}
-    head = overhead.headline(levels)
+    head = grants.headline(levels)
     assert head["clients"] == 16 and head["p50_us"] == 45.0
     # 80 % lies two thirds of the way from 60 % (3,200 pairs/s) to 90 % (6,400 pairs/s)
     assert head["capacity_pairs_per_s"] == 5333
@@ -28,14 +28,14 @@ def test_the_headline_is_the_highest_level_that_is_not_saturated() -> None:
 
 
 def test_capacity_is_scaled_from_the_nearest_level_when_no_two_straddle_80_percent() -> None:
-    assert overhead.capacity({"1": level(1, 2.0, False), "16": level(16, 40.0, False)}) == 6400
-    assert overhead.capacity({"32": level(32, 90.0, True), "64": level(64, 95.0, True)}) == 5689
+    assert grants.capacity({"1": level(1, 2.0, False), "16": level(16, 40.0, False)}) == 6400
+    assert grants.capacity({"32": level(32, 90.0, True), "64": level(64, 95.0, True)}) == 5689
 
 
 def test_with_every_level_saturated_the_headline_says_so() -> None:
-    head = overhead.headline({"16": level(16, 85.0, True), "64": level(64, 95.0, True)})
+    head = grants.headline({"16": level(16, 85.0, True), "64": level(64, 95.0, True)})
     assert head["clients"] == 0 and head["every_level_saturated"]
-    assert overhead.summary(head).startswith("capacity_pairs_per_s=3012 unsaturated_clients=0 ")
+    assert grants.summary(head).startswith("capacity_pairs_per_s=3012 unsaturated_clients=0 ")
 
 
 @pytest.mark.parametrize(("achieved_share", "saturated"), [(1.0, False), (0.96, False), (0.90, True)])
@@ -48,7 +48,7 @@ def test_a_level_that_falls_behind_its_offered_load_is_saturated(achieved_share:
         return {"p50_us": 40.0, "p99_us": 90.0, "samples": 100, "pairs_per_s": 3200 * achieved_share,
                 "pairs_total": 640}
 
-    res = overhead.loaded(os.getpid(), 16, run)
+    res = grants.loaded(os.getpid(), 16, run)
     assert res["offered_pairs_per_s"] == 3200
     assert res["daemon_cpu_pct"] < 50
     assert res["saturated"] is saturated
@@ -72,7 +72,7 @@ def test_a_level_whose_server_is_busy_is_saturated_whatever_it_achieves() -> Non
     spinner = threading.Thread(target=spin)
     spinner.start()
     try:
-        res = overhead.loaded(os.getpid(), 16, run)
+        res = grants.loaded(os.getpid(), 16, run)
     finally:
         stop.set()
         spinner.join()

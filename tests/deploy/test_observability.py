@@ -22,7 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from arbiterd.tools.adminclient import AdminClient
-from tests.helpers import ROOT, DaemonProc
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT
 
 RULES = ROOT / "deploy" / "prometheus" / "cgpu-rules.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "cgpu.json"

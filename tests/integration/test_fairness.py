@@ -19,7 +19,8 @@ import pytest
 
 from arbiterd.server.status import SCHEMA_VERSION
 from arbiterd.tools.adminclient import AdminClient
-from tests.helpers import ROOT, DaemonProc
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT
 
 PHASES = Path(__file__).parent.parent / "workloads" / "gate_phases.py"
 SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())

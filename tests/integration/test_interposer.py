@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import tool
 
 torch = pytest.importorskip("torch")
 WORKLOADS = Path(__file__).parent.parent / "workloads"

@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from arbiterd.tools.adminclient import AdminClient
-from tests.helpers import ROOT, DaemonProc, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT, tool
 
 GIB = 1024**3
 
@@ -25,7 +26,7 @@ def held(d: DaemonProc) -> dict[str, float]:
 
 
 def spin(d: DaemonProc, name: str, seconds: float, weight: int = 1) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "bench.spin", d.sock, name, str(seconds), "1.0", str(weight)],
+    return subprocess.Popen([sys.executable, "-m", "cgpu_testing.spin", d.sock, name, str(seconds), "1.0", str(weight)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

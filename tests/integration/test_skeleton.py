@@ -11,7 +11,9 @@ import time
 import msgpack
 import pytest
 
-from tests.helpers import ROOT, BackgroundGate, DaemonProc, RawClient, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT, tool
+from tests.helpers import BackgroundGate, RawClient
 
 
 def spawn(module: str, *args: object) -> subprocess.Popen[str]:
@@ -34,8 +36,8 @@ def test_every_tool_has_help(tool_name: str) -> None:
 def test_two_client_processes_never_hold_the_gpu_together_and_both_progress(daemon_factory: type) -> None:
     """Policy 1: the op intervals of two instances never overlap; each gets about half."""
     d = daemon_factory.start("--sim-gpus", "1x16GiB", "--policy", "1", "--identity", "declared")
-    a = spawn("bench.spin", d.sock, "A", 4, 1.0)
-    b = spawn("bench.spin", d.sock, "B", 4, 1.0)
+    a = spawn("cgpu_testing.spin", d.sock, "A", 4, 1.0)
+    b = spawn("cgpu_testing.spin", d.sock, "B", 4, 1.0)
     ra, rb = result(a), result(b)
     ia, ib = ra["intervals"], rb["intervals"]
     assert isinstance(ia, list) and isinstance(ib, list)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, RawClient, tool
+from cgpu_testing.tools import ROOT, tool
+from tests.helpers import RawClient
 
 UNITS = ROOT / "systemd"
 

@@ -1,4 +1,4 @@
-"""bench.k8s runs end to end on the fake admin API and ends with its summary line."""
+"""bench.k8s runs end to end on a real arbiterd and ends with its summary line."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from bench import k8s
 
 
-def test_bench_k8s_on_the_fake_arbiter(capsys: pytest.CaptureFixture[str]) -> None:
-    assert k8s.main(["--fake-arbiter", "--pods", "30", "--no-results"]) == 0
+def test_bench_k8s_runs_on_arbiterd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert k8s.main(["--pods", "30", "--no-results"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = re.fullmatch(r"pods=30 overcommits=0 binpack_refused=(\d+) spread_refused=(\d+) allocate_p99_ms=[\d.]+",
                      last)

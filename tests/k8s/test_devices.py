@@ -13,7 +13,7 @@ from cgpu_device_plugin.devices import (
     device_ids,
     parse_device_id,
 )
-from tests.k8s.fake_arbiter import sim_uuid
+from cgpu_testing.daemon import sim_uuid
 
 NVIDIA_UUID = "GPU-fef8089b-4820-abfc-e83e-94318197576e"
 

@@ -4,40 +4,42 @@ What arbiterd must do: ``alloc_ctl``; ``allocations``, ``alloc_mem`` and ``alloc
 ``/v1/status``; binding by token (``--allocations required --alloc-mount``), as docs/kubernetes.md
 ("The binding model") and SECURITY.md say. Each test's docstring says what it checks.
 
-Set-up: arbiterd with ``--sim-gpus 2x16GiB --identity cgroup --proc-root <fake /proc>``,
-the fake kubelet writing that fake /proc for each container process it starts, and the
-plugin in this process talking to both.
+Set-up (tests/k8s/conftest.py, cgpu_testing/k8s.py): arbiterd with ``--sim-gpus 2x16GiB --identity cgroup
+--proc-root <fake /proc> --allocations required``, the fake kubelet writing that fake /proc for each container
+process it starts, and the plugin in this process talking to both.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cgpu_device_plugin.config import Config
 from cgpu_device_plugin.plugin import Plugin
-from tests.helpers import DaemonProc
-from tests.k8s.fake_kubelet import CORE, MEM, FakeKubelet, Pod, RunningContainer
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.k8s import GIB, Node
+from cgpu_testing.kubelet import CORE, MEM, FakeKubelet, Pod, RunningContainer
 
-GIB = 1 << 30
 PROG = str(Path(__file__).with_name("container_prog.py"))
 
 
 @dataclass
 class Cluster:
-    root: Path
-    daemon: DaemonProc
-    kubelet: FakeKubelet
+    node: Node
     plugin: Plugin
+
+    @property
+    def daemon(self) -> DaemonProc:
+        return self.node.daemon
+
+    @property
+    def kubelet(self) -> FakeKubelet:
+        return self.node.kubelet
 
     def run(self, pod: Pod, *args: str, env: dict[str, str] | None = None, container: str = "c0",
             extra_mounts: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
@@ -66,44 +68,15 @@ class Cluster:
         return m.container_path, m.host_path
 
 
-def start_cluster(root: Path, *daemon_args: str, **plugin: Any) -> Cluster:
-    proc_root = root / "k" / "proc"
-    proc_root.mkdir(parents=True)
-    daemon = DaemonProc(root / "d", "--sim-gpus", "2x16GiB", "--proc-root", str(proc_root), "--identity", "cgroup",
-                        "--allocations", "required", "--alloc-mount", "/run/cgpu-alloc", *daemon_args)
-    daemon.tmp.mkdir()
-    daemon.start()
-    kubelet = FakeKubelet(root / "dp", root / "k").start()
-    libcgpu = root / "libcgpu.so"
-    libcgpu.write_bytes(b"")
-    cfg = Config(kubelet_dir=str(root / "dp"), admin_socket=daemon.admin, socket_dir=str(daemon.run_dir),
-                 libcgpu=str(libcgpu), alloc_dir=str(root / "alloc"), poll_interval_s=0.1, watch_interval_s=0.1)
-    for k, v in plugin.items():
-        setattr(cfg, k, v)
-    p = Plugin(cfg)
-    p.start()
-    for resource in (MEM, CORE):
-        kubelet.wait_registered(resource)
-        kubelet.wait_devices(resource, lambda d: bool(d) and set(d.values()) == {"Healthy"})
-    return Cluster(root, daemon, kubelet, p)
-
-
 @pytest.fixture
-def cluster_factory() -> Iterator[Any]:
-    made: list[Cluster] = []
+def cluster_factory(node_factory: Any) -> Any:
+    def make(**plugin: Any) -> Cluster:
+        node: Node = node_factory()
+        p = node.start_plugin(**{"poll_interval_s": 0.1, "watch_interval_s": 0.1, **plugin})
+        node.wait_health("Healthy")
+        return Cluster(node, p)
 
-    def make(*daemon_args: str, **plugin: Any) -> Cluster:
-        c = start_cluster(Path(tempfile.mkdtemp(prefix="ke-", dir="/tmp")), *daemon_args, **plugin)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.kubelet.close()
-        c.plugin.stop()
-        if c.daemon.proc is not None and c.daemon.proc.poll() is None:
-            c.daemon.stop()
-        shutil.rmtree(c.root, ignore_errors=True)
+    return make
 
 
 @pytest.fixture
@@ -229,11 +202,9 @@ def test_arbiterd_restart_flips_health_and_keeps_allocations(cluster: Cluster) -
     pod = cluster.kubelet.admit("a", [{MEM: 4}])
     before = set(cluster.alloc_ctl())
     cluster.daemon.stop()
-    for resource in (MEM, CORE):
-        cluster.kubelet.wait_devices(resource, lambda d: set(d.values()) == {"Unhealthy"}, what="all Unhealthy")
+    cluster.node.wait_health("Unhealthy")
     cluster.daemon.start()
-    for resource in (MEM, CORE):
-        cluster.kubelet.wait_devices(resource, lambda d: set(d.values()) == {"Healthy"}, what="all Healthy")
+    cluster.node.wait_health("Healthy")
     assert set(cluster.alloc_ctl()) == before
     assert cluster.run(pod, "register")["gpus"][0]["mem_limit"] == 4 * GIB
 

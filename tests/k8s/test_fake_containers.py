@@ -1,7 +1,7 @@
 """The fake kubelet's containers are real enough for arbiterd: it identifies them by their fake /proc.
 
-arbiterd (allocations off) serves the client socket; the plugin runs on the fake admin API.
-This checks the harness the end-to-end tests stand on.
+A second arbiterd, with allocations off, serves the client socket the plugin mounts; the plugin allocates on the
+node's arbiterd. This checks the harness the end-to-end tests stand on.
 """
 
 from __future__ import annotations
@@ -10,19 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-from tests.helpers import DaemonProc
-from tests.k8s.conftest import Node
-from tests.k8s.fake_kubelet import CORE, MEM
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.kubelet import CORE, MEM
+from tests.k8s.conftest import RecordedNode as Node
 
 PROG = str(Path(__file__).with_name("container_prog.py"))
 
 
 def test_arbiterd_identifies_a_fake_container_from_its_fake_proc_entries(node: Node) -> None:
-    daemon = DaemonProc(node.root / "d", "--sim-gpus", "2x16GiB", "--identity", "cgroup",
-                        "--proc-root", str(node.kubelet.proc_root))
-    daemon.tmp.mkdir()
-    daemon.start()
-    try:
+    with DaemonProc(node.root / "d", "--sim-gpus", "2x16GiB", "--identity", "cgroup",
+                    "--proc-root", str(node.kubelet.proc_root)) as daemon:
         node.start_plugin(socket_dir=str(daemon.run_dir))
         pod = node.kubelet.admit("a", [{MEM: 4, CORE: 30}])
         rc = node.kubelet.start_container(pod, [sys.executable, PROG, "register"])
@@ -33,5 +30,3 @@ def test_arbiterd_identifies_a_fake_container_from_its_fake_proc_entries(node: N
         # today's daemon trusts the environment of an instance nobody provisioned: 30 % is weight 6
         assert reply["gpus"][0]["gpu"] == 0 and reply["gpus"][0]["weight"] == 6
         assert reply["gpus"][0]["mem_limit"] == 4 << 30
-    finally:
-        daemon.stop()

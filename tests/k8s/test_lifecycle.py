@@ -1,12 +1,18 @@
-"""Registration, kubelet restarts, health, and keeping arbiterd's allocations in step with the records."""
+"""Registration, kubelet restarts, health, and keeping arbiterd's allocations in step with the records.
+
+arbiterd is real (tests/k8s/conftest.py): it goes away, comes back with a GPU fewer, or forgets its state by being
+stopped and started again."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tests.k8s.conftest import Node
-from tests.k8s.fake_arbiter import GIB, sim_uuid
-from tests.k8s.fake_kubelet import CORE, MEM, AdmissionError
+from cgpu_testing.daemon import sim_uuid
+from cgpu_testing.k8s import GIB
+from cgpu_testing.kubelet import CORE, MEM, AdmissionError
+from tests.k8s.conftest import RecordedNode as Node
 
 RESOURCES = (MEM, CORE)
 
@@ -50,20 +56,21 @@ def test_the_plugin_waits_for_a_kubelet_that_is_not_there_yet(node: Node) -> Non
 
 def test_health_flips_while_arbiterd_is_away_and_back(node: Node) -> None:
     node.start_plugin()
-    node.arbiter.stop()
-    for resource in RESOURCES:
-        node.kubelet.wait_devices(resource, all_are("Unhealthy"), what="all Unhealthy")
+    node.daemon.stop()
+    node.wait_health("Unhealthy")
     with pytest.raises(AdmissionError, match="Available: 0"):
         node.kubelet.admit("a", [{MEM: 1}])
-    node.arbiter.start()
-    for resource in RESOURCES:
-        node.kubelet.wait_devices(resource, all_are("Healthy"), what="all Healthy again")
+    node.daemon.start()
+    node.wait_health("Healthy", "all Healthy again")
     node.kubelet.admit("a", [{MEM: 1}])
 
 
 def test_a_gpu_missing_from_the_status_turns_unhealthy_and_comes_back(node: Node) -> None:
+    """arbiterd comes back with GPU 1 gone (a card the driver lost), then with it again."""
     node.start_plugin()
-    node.arbiter.gpus[1].present = False
+    flags = list(node.daemon.args)
+    gpus = flags.index("--sim-gpus") + 1
+    node.daemon.restart(*flags[:gpus], "1x16GiB", *flags[gpus + 1:])
 
     def gpu1_down(devices: dict[str, str]) -> bool:
         return all((h == "Unhealthy") == i.startswith(sim_uuid(1)) for i, h in devices.items())
@@ -71,31 +78,37 @@ def test_a_gpu_missing_from_the_status_turns_unhealthy_and_comes_back(node: Node
     devices = node.kubelet.wait_devices(MEM, gpu1_down, what="GPU 1 Unhealthy")
     assert len(devices) == 32  # still listed: capacity stays, allocatable drops
     node.kubelet.wait_devices(CORE, gpu1_down, what="GPU 1 Unhealthy")
-    node.arbiter.gpus[1].present = True
+    node.daemon.restart(*flags)
     node.kubelet.wait_devices(MEM, all_are("Healthy"), what="GPU 1 Healthy again")
+
+
+def allocations(node: Node) -> dict[str, tuple[str, tuple[int, ...], tuple[int, ...], int]]:
+    """arbiterd's allocations: id -> (the token digest the plugin created it with, GPUs, memory, core)."""
+    tokens = node.log.creates()
+    return {i: (tokens.get(i, "?"), a.gpus, a.memsize, a.core) for i, a in node.allocations().items()}
 
 
 def test_allocations_arbiterd_lost_are_created_again_and_strays_removed(node: Node) -> None:
     node.start_plugin()
     node.kubelet.admit("a", [{MEM: 4, CORE: 25}])
-    before = {a.id: (a.token_sha, a.gpus, a.memsize, a.core) for a in node.arbiter.allocations.values()}
-    node.arbiter.restart(forget=True)  # a new pid, and no allocations
-    node.arbiter.add("mem-0123456789ab", 1, memsize=GIB)  # ours by its name, but not in our records
-    node.kubelet.wait_for(lambda: {a.id for a in node.arbiter.allocations.values()} == set(before),
-                          what="allocations re-created and the stray removed")
-    after = {a.id: (a.token_sha, a.gpus, a.memsize, a.core) for a in node.arbiter.allocations.values()}
-    assert after == before
+    before = allocations(node)
+    node.daemon.restart(forget=True)  # a new pid, and no allocations
+    node.add("mem-0123456789ab", 1, memsize=GIB)  # ours by its name, but not in our records
+    deadline = time.monotonic() + 10
+    while set(node.allocations()) != set(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert allocations(node) == before, "allocations re-created with their tokens, and the stray removed"
 
 
 def test_a_restarted_plugin_keeps_its_records(node: Node) -> None:
     first = node.start_plugin()
     a = node.kubelet.admit("a", [{MEM: 16}])
-    (old,) = node.arbiter.allocations
+    (old,) = node.allocations()
     first.stop()
     node.start_plugin()
     node.kubelet.delete(a)
     node.kubelet.admit("b", [{MEM: 16}])
-    (new,) = node.arbiter.allocations
+    (new,) = node.allocations()
     assert new != old and not (node.root / "alloc" / old).exists()
 
 
@@ -118,7 +131,7 @@ def test_the_command_serves_and_sigterm_stops_it_cleanly(node: Node) -> None:
     import signal
     import subprocess
 
-    from tests.helpers import tool
+    from cgpu_testing.tools import tool
 
     cfg = node.config()
     toml = node.root / "plugin.toml"

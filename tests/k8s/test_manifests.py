@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cgpu_device_plugin import config as plugin_config
-from tests.helpers import ROOT
+from cgpu_testing.tools import ROOT
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 

@@ -9,7 +9,7 @@ import pytest
 from cgpu_device_plugin.devices import GIB, Resource, device_ids, parse_device_id
 from cgpu_device_plugin.node import Card
 from cgpu_device_plugin.placement import Plan, Refusal, min_cards, plan_allocation, preferred
-from tests.k8s.fake_arbiter import sim_uuid
+from cgpu_testing.daemon import sim_uuid
 
 MEM, CORE = Resource.MEM, Resource.CORE
 

@@ -1,4 +1,4 @@
-"""Builds the shim, the fake CUDA driver and NVML, and the C test programs once per session."""
+"""Builds the shim, the fake CUDA driver and NVML (cgpu_testing/native), and the C test programs once per session."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.native import build as fakes_build
 from libcgpu_client.native import HERE, shim_path
 from libcgpu_client.native import build as nb
-from tests.helpers import DaemonProc
 
 PROGS = Path(__file__).parent / "progs"
 WORKLOADS = Path(__file__).parent.parent / "workloads"
@@ -53,14 +54,13 @@ def _shim() -> Path:
 def _build(out: Path, asan: bool) -> Native:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed to build the C parts")
-    fakes = nb.build_fakes(out / "fakes", asan=asan)
-    job = PROGS / "cuda_job.c"
+    fakes = fakes_build.build_fakes(out / "fakes", asan=asan)
     shim_srcs = [HERE / "mp.c", HERE / "env.c"]
     return Native(
         shim=nb.build_shim(out, asan=True) if asan else _shim(),
         fakes=fakes,
-        job_direct=nb.build_program([job], out / "cuda_job_direct", asan=asan, link_cuda=fakes, defines=("DIRECT",)),
-        job_dl=nb.build_program([job], out / "cuda_job_dl", asan=asan),
+        job_direct=fakes_build.build_job(out / "cuda_job_direct", asan=asan, link_cuda=fakes, defines=("DIRECT",)),
+        job_dl=fakes_build.build_job(out / "cuda_job_dl", asan=asan),
         codec=nb.build_program([PROGS / "codec_check.c", *shim_srcs], out / "codec_check", asan=asan),
         asan=asan,
     )

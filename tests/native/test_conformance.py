@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cgpu_testing.native.build import JOB
 from libcgpu_client.native import HERE
 from libcgpu_client.native import build as nb
 from libcgpu_client.native import conformance as cf
@@ -52,7 +53,7 @@ def test_a_planted_prototype_mismatch_fails_the_build(tmp_path: Path, file: str,
                                                       says: str) -> None:
     assert INCLUDE is not None
     src = tmp_path / "src"
-    shutil.copytree(HERE, src, ignore=shutil.ignore_patterns("*.so", "fake", "__pycache__"))
+    shutil.copytree(HERE, src, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     text = (src / file).read_text()
     assert old in text, f"{file} changed: update this test's plant"
     (src / file).write_text(text.replace(old, new))
@@ -97,7 +98,7 @@ def test_get_proc_address_hands_out_a_hook_for_every_version_and_flag_the_header
 def test_the_ptx_the_job_program_loads_assembles(tmp_path: Path, arch: str) -> None:
     assert PTXAS is not None
     ptx = tmp_path / "spin.ptx"
-    ptx.write_text(cf.ptx_of(PROGS / "cuda_job.c"))
+    ptx.write_text(cf.ptx_of(JOB))
     res = subprocess.run([str(PTXAS), f"-arch={arch}", str(ptx), "-o", str(tmp_path / "spin.cubin")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -107,7 +108,7 @@ def test_the_ptx_the_job_program_loads_assembles(tmp_path: Path, arch: str) -> N
 def test_a_ptx_typo_fails_to_assemble(tmp_path: Path) -> None:
     assert PTXAS is not None
     ptx = tmp_path / "typo.ptx"
-    ptx.write_text(cf.ptx_of(PROGS / "cuda_job.c").replace("setp.lt.u64", "setp.lt.u46"))
+    ptx.write_text(cf.ptx_of(JOB).replace("setp.lt.u64", "setp.lt.u46"))
     res = subprocess.run([str(PTXAS), "-arch=sm_80", str(ptx), "-o", str(tmp_path / "typo.cubin")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "u46" in res.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import cgpu_protocol as p
-from tests.helpers import DaemonProc
+from cgpu_testing.daemon import DaemonProc
 from tests.native.conftest import Native, at, lines, start_job
 
 DAEMON = ("--sim-gpus", "1x16GiB", "--identity", "declared", "--trust-client-env")

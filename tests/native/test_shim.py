@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import tool
 from tests.native import trace
 from tests.native.conftest import WORKLOADS, Native, at, fields, lines, run_job, start_job
 

@@ -21,7 +21,9 @@ from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSetti
 from arbiterd.core.errors import CoreError
 from bench.hotpath import FakeTransport
 from cgpu_protocol import MESSAGES
-from tests.helpers import BackgroundGate, DaemonProc, RawClient, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import tool
+from tests.helpers import BackgroundGate, RawClient
 
 GIB = 1024**3
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True),

@@ -13,9 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from arbiterd.tools.adminclient import AdminClient
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import ROOT
 from libcgpu_client.client import Client
 from libcgpu_client.gate import Gate
-from tests.helpers import ROOT, DaemonProc, RawClient
+from tests.helpers import RawClient
 
 MIB = 1024**2
 HOLDER = r"""

@@ -10,7 +10,7 @@ import pytest
 from arbiterd.core.errors import IdentityError, SettingError
 from arbiterd.core.names import valid_instance_id
 from arbiterd.server.identity import IdentityResolver, Peer, container_id_from_cgroup
-from bench.cast import fake_cgroup
+from cgpu_testing.containers import fake_cgroup
 from tests.helpers import RawClient
 
 CID = "4f1c2b8e9d7a6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a3928170f6e5d4c"

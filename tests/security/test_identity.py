@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from bench.cast import forge_container, give_cgroup, remove_cgroups
+from cgpu_testing.cast import forge_container
+from cgpu_testing.containers import give_cgroup, remove_cgroups
 from tests.security.conftest import NOBODY, Cast, needs_root
 
 GIB = 1024**3

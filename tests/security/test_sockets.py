@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from arbiterd.server.sockets import StartupError, bind_unix, load_token, secure_dir
-from tests.helpers import DaemonProc, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import tool
 from tests.security.conftest import NOBODY, Cast, needs_root
 
 

@@ -3,7 +3,6 @@ set is lost: not to a client's record, not to SIGTERM, kill -9, or a bad record 
 
 from __future__ import annotations
 
-import json
 import signal
 
 from tests.security.conftest import Cast
@@ -65,11 +64,7 @@ def test_provisioning_survives_sigterm_kill_9_and_a_bad_record(cast: Cast) -> No
     d.start()
     assert d.ctl("cat", "inst_ctl").stdout == listing and d.ctl("cat", "1/policy").stdout == "2\n"
     d.stop()
-    path = d.state_dir / "state.json"
-    doc = json.loads(path.read_text())
-    doc["instances"].append({"id": "evil\n", "gpu": 0, "weight": 0, "highprio": 0, "memsize": 0,
-                             "provisioned": True})
-    path.write_text(json.dumps(doc))
+    d.add_state_record({"id": "evil\n", "gpu": 0, "weight": 0, "highprio": 0, "memsize": 0, "provisioned": True})
     d.start()
     assert d.ctl("cat", "inst_ctl").stdout == listing and d.ctl("cat", "1/policy").stdout == "2\n"
     log = d.read_log()

@@ -12,7 +12,7 @@ import pytest
 
 from arbiterd.core.errors import IdentityError, SettingError
 from arbiterd.server.identity import IdentityResolver, Peer, container_id_from_cgroup, start_time
-from bench.cast import fake_cgroup
+from cgpu_testing.containers import fake_cgroup
 
 CID = "0123456789ab" + "c" * 52
 ME = os.getpid()

@@ -1,6 +1,6 @@
 """The daemon's NVML calls are ones nvidia-ml-py exposes, with the argument shapes of the installed release, and
-the fake pynvml the tests use answers exactly those (the fake libnvidia-ml.so.1 is loaded by the real pynvml in
-tests/native/test_conformance.py)."""
+the fake pynvml the tests use answers exactly those (the fake libnvidia-ml.so.1 of cgpu_testing/native is loaded by
+the real pynvml in tests/native/test_conformance.py)."""
 
 from __future__ import annotations
 

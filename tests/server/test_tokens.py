@@ -10,7 +10,7 @@ import pytest
 
 from arbiterd.server import config, tokens
 from arbiterd.server.identity import IdentityResolver, pod_uid_from_cgroup
-from bench.cast import fake_cgroup
+from cgpu_testing.containers import fake_cgroup
 
 CID = "0123456789abcdef" * 4
 POD = "0a1b2c3d-1111-2222-3333-444455556666"

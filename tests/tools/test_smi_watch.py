@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, tool
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import tool
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-/* A CUDA driver-API program for the shim's tests, run against the fake libcuda.
+/* A CUDA driver-API program for the shim's tests and the benchmarks, run against the fake libcuda or a real one.
  *
  * Built two ways: with -DDIRECT it links libcuda.so.1 and calls the driver by name;
  * without, it dlopen()s libcuda.so.1 and resolves every entry point with dlsym

@@ -20,7 +20,9 @@ What it does, as the kubelet's device manager does (pkg/kubelet/cm/devicemanager
   under a rootfs dir (plain directories copied, so that a daemon resolving paths inside the
   container's root finds no symlink; socket directories and files as symlinks), and a fake
   ``/proc/<pid>`` (``cgroup`` with a kubepods path, ``root`` -> the rootfs) written before
-  the process is let go: it waits on stdin, then execs.
+  the process is let go: it waits on stdin, then execs. The entry goes when its pod is deleted.
+
+Tests (tests/k8s) and bench.k8s drive it, beside a real arbiterd (:mod:`cgpu_testing.k8s`).
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from pathlib import Path
 
 import grpc
 
-from bench.cast import fake_cgroup
 from cgpu_device_plugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from cgpu_device_plugin.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from cgpu_testing.containers import fake_cgroup
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
@@ -139,10 +141,10 @@ class _Registration(pb_grpc.RegistrationServicer):
 
 class FakeKubelet:
     def __init__(self, plugin_dir: Path, root: Path, seed: int = 0, shuffle: bool = True,
-                 use_preferred: bool = True) -> None:
+                 use_preferred: bool = True, proc_root: Path | None = None) -> None:
         self.dir = Path(plugin_dir)
-        self.root = Path(root)  # rootfs dirs and the fake /proc live here
-        self.proc_root = self.root / "proc"
+        self.root = Path(root)  # rootfs dirs live here, and the fake /proc unless ``proc_root`` says where
+        self.proc_root = Path(proc_root) if proc_root is not None else self.root / "proc"
         self.rng = random.Random(seed)
         self.shuffle = shuffle
         self.use_preferred = use_preferred  # False: as a kubelet older than 1.19, or one that ignores it
@@ -319,6 +321,7 @@ class FakeKubelet:
                 rc.proc.send_signal(signal.SIGKILL)
                 rc.proc.wait()
             self.running.remove(rc)
+            shutil.rmtree(self.proc_root / str(rc.proc.pid), ignore_errors=True)
         with self.cond:
             self.pods.pop(pod.uid, None)
 

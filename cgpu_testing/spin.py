@@ -1,6 +1,6 @@
 """A client process for the demo and tests: busy-spins 'GPU ops' through the gate and records them.
 
-    python -m bench.spin SOCKET INSTANCE SECONDS OP_MS [WEIGHT]
+    python -m cgpu_testing.spin SOCKET INSTANCE SECONDS OP_MS [WEIGHT]
 
 Prints one JSON line: {"ops": n, "intervals": [[start_ns, end_ns], ...], "op_seconds": s}.
 """

@@ -1,7 +1,7 @@
 """A client of arbiterd driven line by line, to act as a tenant or an attacker in a process of its own
-(tests/security and bench.hostile; bench/cast.py starts it and places it in a container).
+(tests/security and bench.hostile; :class:`cgpu_testing.cast.Agent` starts it and places it in a container).
 
-    python -m bench.agent SOCK [--uid N]
+    python -m cgpu_testing.agent SOCK [--uid N]
 
 With ``--uid`` it drops to that uid (and its group, with no supplementary groups) once its modules are loaded,
 before it connects: so it runs as an unprivileged user although the interpreter lives where only root may read.

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../cuda_min.h"
+#include "cuda_min.h" /* libcgpu_client/native, on the -I path */
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 16

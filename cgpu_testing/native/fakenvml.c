@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cuda_min.h"
+#include "cuda_min.h" /* libcgpu_client/native, on the -I path */
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 16
