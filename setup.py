@@ -29,7 +29,7 @@ class BuildSharedLibrary(build_ext):
 
 
 setup(
-    # generated from the tools' parsers by arbiterd/tools/manpages.py (a test keeps them current)
+    # generated from the tools' parsers by docgen/manpages.py (a test keeps them current)
     data_files=[("share/man/man8", ["man/arbiterd.8", "man/cgpuctl.8", "man/cgpu-device-plugin.8"]),
                 ("share/man/man1", ["man/cgpu-smi.1", "man/cgpu-run.1"])],
     ext_modules=[

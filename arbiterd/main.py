@@ -15,7 +15,7 @@ from arbiterd.cli.flags import overrides as given
 from arbiterd.core.errors import CoreError
 from arbiterd.core.settings import GPU
 from arbiterd.server import config as config_mod
-from arbiterd.server.cpu import apply_realtime
+from arbiterd.server.realtime import apply_realtime
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,7 +56,16 @@ from typing import Any
 from arbiterd.server.config import Config
 from bench import results
 from bench.common import has_gpu
-from bench.gpu_host import by_name, identity_needs_declaring, rows, run_group, smi_query, torch_cuda
+from bench.gpu_host import (
+    RESNET50_RATE,
+    TORCH_MEMORY,
+    by_name,
+    identity_needs_declaring,
+    rows,
+    run_group,
+    smi_query,
+    torch_cuda,
+)
 from bench.gpu_report import record, render
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.tools import ROOT, tool
@@ -279,15 +288,7 @@ class Proof:
 
     def torch_memory(self) -> dict[str, bool]:
         assert self.daemon is not None
-        code = ("import json, torch\n"
-                "free, total = torch.cuda.mem_get_info()\n"
-                "a = torch.empty(768 << 20, dtype=torch.uint8, device='cuda')\n"
-                "try:\n"
-                "    b = torch.empty(512 << 20, dtype=torch.uint8, device='cuda'); oom = False\n"
-                "except torch.cuda.OutOfMemoryError:\n"
-                "    oom = True\n"
-                "print(json.dumps({'total': total, 'oom': oom}))\n")
-        r = run_group(self.under_shim("proof-mem-torch", [sys.executable, "-c", code]),
+        r = run_group(self.under_shim("proof-mem-torch", [sys.executable, "-c", TORCH_MEMORY]),
                       env={**os.environ, **self.env}, timeout=180)
         if r.returncode != 0:
             raise RuntimeError(f"the PyTorch memory check failed: {r.stderr.strip()[-300:]}")
@@ -361,15 +362,7 @@ class Proof:
     def torch_rate(self, shim: bool) -> float:
         """Exclusive ResNet-50 inference, images/s (torchvision's model, batch 64, 224x224)."""
         assert self.daemon is not None
-        code = ("import time, torch, torchvision\n"
-                "m = torchvision.models.resnet50(weights=None).cuda().eval()\n"
-                "x = torch.randn(64, 3, 224, 224, device='cuda')\n"
-                "with torch.inference_mode():\n"
-                "    for _ in range(5): m(x)\n"
-                "    torch.cuda.synchronize(); t = time.perf_counter(); n = 0\n"
-                "    while time.perf_counter() - t < 10: m(x); torch.cuda.synchronize(); n += 64\n"
-                "print(n / (time.perf_counter() - t))\n")
-        cmd = [sys.executable, "-c", code]
+        cmd = [sys.executable, "-c", RESNET50_RATE]
         if shim:
             cmd = self.under_shim("proof-overhead", cmd)
         r = run_group(cmd, env={**os.environ, **self.env}, timeout=180)

@@ -84,3 +84,28 @@ def rows(out: str) -> list[dict[str, str]]:
 def by_name(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
     """The rows by action name (the last of each)."""
     return {x["name"]: x for x in rows}
+
+
+# PyTorch under a 1 GiB limit: the total it sees, and whether 768 + 512 MiB raises its out-of-memory error
+TORCH_MEMORY = (
+    "import json, torch\n"
+    "free, total = torch.cuda.mem_get_info()\n"
+    "a = torch.empty(768 << 20, dtype=torch.uint8, device='cuda')\n"
+    "try:\n"
+    "    b = torch.empty(512 << 20, dtype=torch.uint8, device='cuda'); oom = False\n"
+    "except torch.cuda.OutOfMemoryError:\n"
+    "    oom = True\n"
+    "print(json.dumps({'total': total, 'oom': oom}))\n"
+)
+
+# exclusive ResNet-50 inference, images/s (torchvision's model, batch 64, 224x224, 10 s)
+RESNET50_RATE = (
+    "import time, torch, torchvision\n"
+    "m = torchvision.models.resnet50(weights=None).cuda().eval()\n"
+    "x = torch.randn(64, 3, 224, 224, device='cuda')\n"
+    "with torch.inference_mode():\n"
+    "    for _ in range(5): m(x)\n"
+    "    torch.cuda.synchronize(); t = time.perf_counter(); n = 0\n"
+    "    while time.perf_counter() - t < 10: m(x); torch.cuda.synchronize(); n += 64\n"
+    "print(n / (time.perf_counter() - t))\n"
+)

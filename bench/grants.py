@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import cgpu_protocol as proto
-from arbiterd.server.cpu import apply_realtime
+from arbiterd.server.realtime import apply_realtime
 from bench.common import percentile
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.tools import ROOT

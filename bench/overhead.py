@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arbiterd.server.cpu import describe
+from arbiterd.server.realtime import describe
 from bench import results
 from bench.grants import (
     grant_body,

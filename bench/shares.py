@@ -18,8 +18,8 @@ from typing import Any
 
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.settings import GpuSettings
-from arbiterd.core.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
 from bench import results
+from cgpu_testing.sim import SimInstance, SimResult, Simulation, bursty, busy, idle
 
 
 @dataclass(frozen=True)

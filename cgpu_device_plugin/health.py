@@ -130,10 +130,6 @@ class NodeMonitor:
         return tuple(out)
 
     # ------------------------------------------------------------ watchers
-    @property
-    def reachable(self) -> bool:
-        return bool(self._reachable)
-
     def snapshot(self, resource: Resource) -> tuple[int, DeviceList]:
         with self._cond:
             return self._generation, self._lists[resource]

@@ -32,7 +32,6 @@ from arbiterd.core.errors import IdentityError
 from arbiterd.core.settings import InstanceSettings
 
 log = logging.getLogger("arbiterd.core")
-MODES = ("off", "optional", "required")
 
 
 @dataclass(frozen=True, slots=True)

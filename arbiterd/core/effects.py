@@ -1,9 +1,9 @@
 """Decisions the core hands back to the I/O shell.
 
 Effects are values, frozen to the type checker but plain slotted dataclasses at
-run time: one is built on every grant, and both a frozen dataclass (built field
-by field through ``object.__setattr__``) and a named tuple (built through a
-Python-level ``__new__``) cost twice as much to build.
+run time: one is built on every grant, and a frozen dataclass (built field by
+field through ``object.__setattr__``) or a named tuple (built through a
+Python-level ``__new__``) is slower to build.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ NS_PER_S = 1_000_000_000
 
 
 @value
-class Grant:
+class GrantLease:
     """Tell ``client`` it holds ``lease`` on ``gpu`` until ``deadline_ns``."""
 
     client: int
@@ -38,7 +38,7 @@ class Grant:
 
 
 @value
-class Revoke:
+class RevokeLease:
     """Ask ``client`` to give ``lease`` back at its next operation boundary."""
 
     client: int
@@ -47,4 +47,4 @@ class Revoke:
     reason: str
 
 
-Effect = Grant | Revoke
+Effect = GrantLease | RevokeLease

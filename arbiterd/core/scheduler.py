@@ -3,8 +3,8 @@
 How this works
 --------------
 Instances ask for time through their clients (:meth:`GpuScheduler.acquire`);
-the scheduler answers with effects, :class:`Grant` (a lease with an absolute
-CLOCK_MONOTONIC deadline) and :class:`Revoke`. Under the time-sliced policies
+the scheduler answers with effects, :class:`GrantLease` (a lease with an absolute
+CLOCK_MONOTONIC deadline) and :class:`RevokeLease`. Under the time-sliced policies
 at most one instance holds the lease and all its clients share it; under the
 native policy every client gets a lease of its own at once.
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection
 
 from arbiterd.core import credit, switch
 from arbiterd.core.accounting import HandoverMeter
-from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease, RevokeLease
 from arbiterd.core.entitlement import Entitlement
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
 from arbiterd.core.model import Bill, GpuStats, InstanceState, Lease, Runqueue
@@ -192,7 +192,7 @@ class GpuScheduler:
         for lease in self.holders():
             if lease.inst is inst:
                 for client in lease.clients:
-                    effects.append(Revoke(client, self.index, lease.id, "removed"))
+                    effects.append(RevokeLease(client, self.index, lease.id, "removed"))
                     self._client_inst.pop(client, None)
                 self.stats.revoked["removed"] += 1
                 self._end_lease(lease, now)
@@ -325,7 +325,7 @@ class GpuScheduler:
         if rq.lease is not None or policy.leases or rq.draining:  # it may hold one already
             for held in self._leases_of(client):
                 if held.revoked_ns is None and now < held.deadline_ns:
-                    return [Grant(client, rq.index, held.id, held.deadline_ns, 0)]
+                    return [GrantLease(client, rq.index, held.id, held.deadline_ns, 0)]
                 self._drop_holder(held, client, now)
         effects = policy.acquire(inst, client, now)
         if effects is None:
@@ -398,7 +398,7 @@ class GpuScheduler:
         for lease in self.holders():
             if now >= lease.cutoff(overrun):
                 for client in lease.clients:
-                    effects.append(Revoke(client, self.index, lease.id, "overrun"))
+                    effects.append(RevokeLease(client, self.index, lease.id, "overrun"))
                 self.stats.overruns += 1
                 self.stats.revoked["overrun"] += 1
                 self._end_lease(lease, now)

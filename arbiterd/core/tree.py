@@ -38,9 +38,9 @@ INSTANCE_READONLY: dict[str, tuple[InstReader, str]] = {
                 "'Free: <bytes>', then one 'PID: <pid> Mem: <bytes>' line per process"),
 }
 GLOBAL_FILES = ("version", "default_memsize", "inst_ctl", "upgrade")
-ALLOC_FILES = ("alloc_ctl",)  # listed only while allocations are on (the seed's tree has no such file)
-_SEED_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # cGPU's order first
-GPU_FILES = _SEED_GPU + tuple(n for n in GPU if n not in _SEED_GPU) + ("busy_ms",)
+ALLOC_FILES = ("alloc_ctl",)  # listed only while allocations are on (cGPU's tree has no such file)
+_CGPU_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # cGPU's order first
+GPU_FILES = _CGPU_GPU + tuple(n for n in GPU if n not in _CGPU_GPU) + ("busy_ms",)
 INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo")
 __all__ = ["GPU_FILES", "INST_FILES", "MAJOR", "Write", "plan", "read", "valid_instance_id", "write"]
 

@@ -20,7 +20,7 @@ from arbiterd.core.arbiter import OVERCOMMIT
 from arbiterd.core.errors import SettingError
 from arbiterd.core.setting import Setting, setting, table
 from arbiterd.core.settings import GLOBAL, GPU, GpuSettings, check_gpu_settings
-from arbiterd.server.cpu import PRIORITY_RANGE
+from arbiterd.server.realtime import PRIORITY_RANGE
 
 IDENTITY_SOURCES = ("cgroup", "declared")
 HOST_CLIENTS = ("allow", "refuse")

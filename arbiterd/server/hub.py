@@ -26,11 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import cgpu_protocol as p
-from arbiterd.core import binding, tree
-from arbiterd.core import state as core_state
+from arbiterd.core import binding, snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
-from arbiterd.core.effects import NS_PER_S, Effect
-from arbiterd.core.effects import Grant as GrantEffect
+from arbiterd.core.effects import NS_PER_S, Effect, GrantLease
 from arbiterd.core.errors import BusyError, CoreError, IdentityError, NotFoundError
 from arbiterd.core.settings import GPU, INSTANCE, InstanceSettings
 from arbiterd.server import identity, status, tokens
@@ -292,7 +290,7 @@ class Hub:
             peer = self.peers.get(eff.client)
             if peer is None:
                 continue
-            if isinstance(eff, GrantEffect):
+            if isinstance(eff, GrantLease):
                 peer.send(p.Grant(eff.gpu, eff.lease, eff.deadline_ns))
                 self.counters.granted(eff.waited_ns)
             else:
@@ -357,14 +355,14 @@ class Hub:
         changed), and applied only once the state directory takes a write of the state's size and room to grow
         (an OSError, nothing changed); then the new state is saved."""
         write = tree.plan(self.arbiter, path, value)
-        self.store.check_writable(len(self.store.encode(core_state.snapshot(self.arbiter))) + STATE_ROOM)
+        self.store.check_writable(len(self.store.encode(snapshot.take(self.arbiter))) + STATE_ROOM)
         self.apply(write(time.monotonic_ns()))
         log.info("admin: %s <- %s", path.strip("/"), value.strip())
         self.save_state()
 
     def save_state(self) -> None:
         try:
-            self.store.save(core_state.snapshot(self.arbiter))
+            self.store.save(snapshot.take(self.arbiter))
         except OSError as exc:
             log.error("state: could not save %s: %s", self.store.path, exc.strerror)
 
@@ -374,7 +372,7 @@ class Hub:
         doc, problem = self.store.load()
         if doc is not None:
             try:
-                skipped = core_state.restore(self.arbiter, doc, now)
+                skipped = snapshot.restore(self.arbiter, doc, now)
                 for w in skipped:
                     log.error("%s", w)
                 if skipped:  # the rest is in force; the file as it was is kept beside it

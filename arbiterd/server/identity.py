@@ -145,12 +145,6 @@ class IdentityResolver:
         """The cgroup file of ``pid``; raises OSError when it cannot be read."""
         return (self.proc_root / str(int(pid)) / "cgroup").read_text()
 
-    def container_of(self, pid: int) -> str | None:
-        try:
-            return container_id_from_cgroup(self._cgroup(pid))
-        except OSError:
-            return None
-
     def peer(self, pid: int, uid: int, pidfd: int | None = None, accepted: int | None = None) -> Peer:
         """Who connected: process ``pid`` of ``uid`` (SO_PEERCRED), with the kernel's ``pidfd`` for it if any,
         accepted at ``accepted`` (boot ticks, default now). Raises IdentityError when that cannot be told:

@@ -19,7 +19,7 @@ from arbiterd.core.arbiter import Arbiter, GpuInfo
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.policies import POLICY_NAMES
 from arbiterd.core.settings import GPU
-from arbiterd.server.cpu import describe
+from arbiterd.server.realtime import describe
 
 SCHEMA_VERSION = 1
 HISTORY = 61  # one sample a second: enough for the 60 s window

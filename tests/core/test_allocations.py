@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiterd.core import binding, state, tree
+from arbiterd.core import binding, snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.binding import Claimant
 from arbiterd.core.errors import ConflictError, CoreError, IdentityError, NotFoundError, SettingError
@@ -88,10 +88,10 @@ def test_multi_gpu_memory_repeats_the_last_size() -> None:
 ])
 def test_refusals_say_why_and_change_nothing(arb: Arbiter, command: str, error: type[CoreError],
                                               words: str) -> None:
-    before = state.snapshot(arb)
+    before = snapshot.take(arb)
     with pytest.raises(error, match=words):
         ctl(arb, command)
-    assert state.snapshot(arb) == before
+    assert snapshot.take(arb) == before
 
 
 def test_overcommit_is_refused_with_409_and_a_full_card_still_takes_exactly_its_size(arb: Arbiter) -> None:
@@ -200,9 +200,9 @@ def test_a_bind_refused_for_weight_is_refused_by_its_check_before_anything_chang
 
 def test_allocations_and_their_binding_survive_the_state_file(arb: Arbiter) -> None:
     register(arb, 1, who("aaa", "ta", "tc"))
-    doc = state.snapshot(arb)
+    doc = snapshot.take(arb)
     fresh = make()
-    assert state.restore(fresh, doc, 0) == []
+    assert snapshot.restore(fresh, doc, 0) == []
     assert tree.read(fresh, "alloc_ctl", 0) == tree.read(arb, "alloc_ctl", 0)
     assert fresh.allocations.get("mem-a").pod == POD_A
     assert fresh.scheds[0].instances["aaa"].weight == 6

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from arbiterd.core import state
+from arbiterd.core import snapshot
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings, RegisteredGpu
-from arbiterd.core.effects import NS_PER_S, Grant
+from arbiterd.core.effects import NS_PER_S, GrantLease
 from arbiterd.core.errors import BusyError, ConflictError, CoreError, IdentityError, SettingError
 from arbiterd.core.settings import GpuSettings
 
@@ -59,11 +59,11 @@ def test_a_registration_where_no_weight_is_free_is_refused_and_changes_nothing()
     """overcommit = refuse (the default): a clear refusal, never a silent weight 0, and on no GPU at all."""
     arb = make(max_inst=2)
     reg(arb, 1, "a", weight=2)
-    before = state.snapshot(arb)
+    before = snapshot.take(arb)
     arb.connect(2, 2000, 0)
     with pytest.raises(ConflictError, match="GPU 0 has no free weight"):
         arb.register(2, "b", [1, 0], {0: InstanceSettings(1), 1: InstanceSettings(1)}, 0)
-    assert state.snapshot(arb) == before and arb.clients[2].instance is None
+    assert snapshot.take(arb) == before and arb.clients[2].instance is None
 
 
 def test_queued_overcommit_admits_at_weight_zero_and_raises_it_when_weight_is_freed() -> None:
@@ -136,7 +136,7 @@ def test_disconnect_ends_the_lease_and_hands_over() -> None:
     shortened = arb.acquire(2, 0, 0)  # b waits; a's lease is cut back to its nominal turn
     assert [(e.client, e.lease, e.deadline_ns) for e in shortened] == [(1, g1.lease, 5_000_000)]
     effects = arb.disconnect(1, 1000)
-    assert [e.client for e in effects if isinstance(e, Grant)] == [2]
+    assert [e.client for e in effects if isinstance(e, GrantLease)] == [2]
     assert g1.client == 1
 
 
@@ -198,7 +198,7 @@ def test_a_core_percentage_is_weight_p_over_5_of_20_slots_on_policy_3() -> None:
 
 
 def test_a_core_percentage_caps_the_instance_at_p_percent_even_alone() -> None:
-    from arbiterd.core.sim import SimInstance, Simulation
+    from cgpu_testing.sim import SimInstance, Simulation
 
     arb = make(max_inst=16, shape=True)
     info, _ = reg_core(arb, 1, "a", 30)

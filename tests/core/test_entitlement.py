@@ -92,7 +92,7 @@ def test_settings_changes_close_the_integrals_under_the_old_shares() -> None:
 def test_delivered_follows_owed_within_1pp_under_the_simulator(policy: int, max_inst: int) -> None:
     """Real scheduling with 1.3 ms hand-overs at the auto slice: each instance's useful time tracks what it
     was owed while it had demand, a bursty third (3 s on, 3 s off) included."""
-    from arbiterd.core.sim import SimInstance, Simulation, SwitchCost, bursty, busy
+    from cgpu_testing.sim import SimInstance, Simulation, SwitchCost, bursty, busy
 
     sim = Simulation(GpuSettings(policy=policy, max_inst=max_inst),
                      [SimInstance("A", 1, workload=busy(0.5)), SimInstance("B", 2, workload=busy(0.5)),

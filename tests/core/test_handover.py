@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S
 from arbiterd.core.settings import GpuSettings
-from arbiterd.core.sim import SimInstance, SimResult, Simulation, SwitchCost, busy, idle
+from cgpu_testing.sim import SimInstance, SimResult, Simulation, SwitchCost, busy, idle
 
 COST = SwitchCost(transit_ns=100_000, wake_ns=600_000, warm_ns=500_000)  # 1.3 ms a hand-over, as on a CPU host
 

@@ -1,7 +1,7 @@
 """Property tests: invariants of the scheduler under random sequences of events.
 
-A model client set follows the effects like real clients would (a Grant
-makes a client a holder; a Revoke is answered by a release), so the
+A model client set follows the effects like real clients would (a GrantLease
+makes a client a holder; a RevokeLease is answered by a release), so the
 scheduler sees realistic traffic: registrations, acquires, releases (plain
 and renewing), disconnects, clock advances, setting changes and policy
 switches.
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, Grant, Revoke
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, GrantLease, RevokeLease
 from arbiterd.core.errors import CoreError
 from arbiterd.core.policies import NATIVE
 from arbiterd.core.policies.native import Native
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
-from arbiterd.core.sim import SimInstance, Simulation, Workload
+from cgpu_testing.sim import SimInstance, Simulation, Workload
 
 NAMES = ["a", "b", "c", "d"]
 
@@ -35,9 +35,9 @@ class Model:
 
     def apply(self, effects: list[Effect]) -> None:
         for e in effects:
-            if isinstance(e, Grant):
+            if isinstance(e, GrantLease):
                 self.held[e.client] = e.lease
-            elif isinstance(e, Revoke) and self.held.get(e.client) == e.lease and e.reason == "overrun":
+            elif isinstance(e, RevokeLease) and self.held.get(e.client) == e.lease and e.reason == "overrun":
                 self.held.pop(e.client)
 
 
@@ -252,13 +252,13 @@ def test_highprio_with_credit_preempts_at_once(ratio: int, policy: int, wait_ms:
     sched.add_instance("h", 1, True, 0)
     now = wait_ms * NS_PER_MS
     effects = sched.acquire("n", 1, now)
-    grants = [e for e in effects if isinstance(e, Grant)]
+    grants = [e for e in effects if isinstance(e, GrantLease)]
     now += NS_PER_MS
     effects = sched.acquire("h", 2, now)
     if not grants:  # the normal instance was not served (ring slot not its own): h goes now
-        assert any(isinstance(e, Grant) and e.client == 2 for e in effects)
+        assert any(isinstance(e, GrantLease) and e.client == 2 for e in effects)
         return
-    assert effects == [Revoke(1, 0, grants[0].lease, "highprio")]
+    assert effects == [RevokeLease(1, 0, grants[0].lease, "highprio")]
     now += 3 * NS_PER_MS  # the holder finishes its op
     effects, _ = sched.release(1, grants[0].lease, now)
-    assert any(isinstance(e, Grant) and e.client == 2 for e in effects)
+    assert any(isinstance(e, GrantLease) and e.client == 2 for e in effects)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiterd.core import binding, state, tree
+from arbiterd.core import binding, snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.errors import CoreError, SettingError
@@ -115,10 +115,10 @@ def play(arb: Arbiter, steps: list[tuple[Any, ...]]) -> int:
 def test_restore_of_a_snapshot_gives_back_every_reachable_state(overcommit: str, steps: list[tuple[Any, ...]]) -> None:
     arb = make(overcommit)
     now = play(arb, steps)
-    doc = state.snapshot(arb)
+    doc = snapshot.take(arb)
     fresh = make(overcommit)
-    assert state.restore(fresh, doc, now) == []
-    assert state.snapshot(fresh) == doc
+    assert snapshot.restore(fresh, doc, now) == []
+    assert snapshot.take(fresh) == doc
 
 
 @settings(max_examples=60, deadline=None)
@@ -126,12 +126,12 @@ def test_restore_of_a_snapshot_gives_back_every_reachable_state(overcommit: str,
 def test_items_of_a_gpu_this_host_lacks_are_kept_for_when_it_is_back(steps: list[tuple[Any, ...]]) -> None:
     arb = make("queue")
     play(arb, steps)
-    doc = state.snapshot(arb)
+    doc = snapshot.take(arb)
     one = make("queue", GPUS[:1])
-    assert state.restore(one, doc, 0) == []
-    assert state.snapshot(one) == doc  # GPU 1's settings, records and allocations written back as they were
+    assert snapshot.restore(one, doc, 0) == []
+    assert snapshot.take(one) == doc  # GPU 1's settings, records and allocations written back as they were
     both = make("queue")
-    assert state.restore(both, state.snapshot(one), 0) == [] and state.snapshot(both) == doc
+    assert snapshot.restore(both, snapshot.take(one), 0) == [] and snapshot.take(both) == doc
 
 
 def test_a_weight_0_record_round_trips() -> None:
@@ -141,11 +141,11 @@ def test_a_weight_0_record_round_trips() -> None:
     arb.connect(1, 101, 0)
     reg, _ = arb.register(1, "late", [0], {0: InstanceSettings(2)}, 0)
     assert reg.gpus[0].weight == 0
-    doc = state.snapshot(arb)
+    doc = snapshot.take(arb)
     assert {"id": "late", "gpu": 0, "weight": 0, "requested": 2, "highprio": 0, "memsize": 0,
             "provisioned": False} in doc["instances"]
     fresh = make("queue")
-    assert state.restore(fresh, doc, 0) == [] and state.snapshot(fresh) == doc
+    assert snapshot.restore(fresh, doc, 0) == [] and snapshot.take(fresh) == doc
     tree.write(fresh, "0/big/weight", "14", 0)
     assert fresh.scheds[0].instances["late"].weight == 2  # still queued for what it asked
 
@@ -172,21 +172,21 @@ def test_a_bad_item_is_skipped_on_its_own_and_everything_else_kept(section: str,
     tree.write(arb, "inst_ctl", "create keep weight=3 memsize=1GiB", 0)
     tree.write(arb, "inst_ctl", "create mine uid=1000 gpu=1", 0)
     tree.write(arb, "alloc_ctl", f"create al token={sha('al')} gpu=1 core=30", 0)
-    doc = state.snapshot(arb)
+    doc = snapshot.take(arb)
     bad = {**doc, section: [*doc[section], item]}
     fresh = make("refuse")
-    warnings = state.restore(fresh, bad, 0)
+    warnings = snapshot.restore(fresh, bad, 0)
     assert len(warnings) == 1 and warnings[0].startswith(f"state: {label}") and "skipped" in warnings[0]
     assert "\n" not in warnings[0]
-    assert state.snapshot(fresh) == doc
+    assert snapshot.take(fresh) == doc
 
 
 def test_bad_settings_are_skipped_one_by_one() -> None:
     arb = make("refuse")
-    doc = {**state.snapshot(arb), "default_memsize": "lots"}
+    doc = {**snapshot.take(arb), "default_memsize": "lots"}
     doc["gpus"] = {"0": {**doc["gpus"]["0"], "policy": 9, "max_inst": 20}, "x": {}, "1": "nope"}
     fresh = make("refuse")
-    warnings = state.restore(fresh, doc, 0)
+    warnings = snapshot.restore(fresh, doc, 0)
     assert sorted(w.split(" (")[0] for w in warnings) == sorted([
         "state: default_memsize skipped", "state: GPU 0 policy skipped", "state: gpus.x skipped",
         "state: GPU 1 settings skipped"])
@@ -196,4 +196,4 @@ def test_bad_settings_are_skipped_one_by_one() -> None:
 def test_a_document_that_is_no_state_at_all_is_refused_whole() -> None:
     for doc in (None, [], {"version": 9}):
         with pytest.raises(SettingError):
-            state.restore(make("refuse"), doc, 0)
+            snapshot.restore(make("refuse"), doc, 0)

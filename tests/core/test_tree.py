@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arbiterd.core import state, tree
+from arbiterd.core import snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.errors import CoreError, NotFoundError, ReadOnlyError, SettingError
 
@@ -64,11 +64,11 @@ def test_valid_writes_take_effect(arb: Arbiter, path: str, value: str, expect: s
 ])
 def test_invalid_writes_are_refused_and_change_nothing(arb: Arbiter, path: str, value: str,
                                                        error: type[CoreError]) -> None:
-    before = state.snapshot(arb)
+    before = snapshot.take(arb)
     with pytest.raises(error) as exc:
         tree.write(arb, path, value, 0)
     assert "\n" not in str(exc.value)
-    assert state.snapshot(arb) == before
+    assert snapshot.take(arb) == before
 
 
 def test_weight_sum_over_max_inst_is_refused(arb: Arbiter) -> None:
@@ -90,24 +90,24 @@ def test_inst_ctl_create_and_remove(arb: Arbiter) -> None:
                                  "destroy a", "create a color=red", "create a highprio=3", "remove nope",
                                  "create 'a"])
 def test_inst_ctl_bad_commands_change_nothing(arb: Arbiter, cmd: str) -> None:
-    before = state.snapshot(arb)
+    before = snapshot.take(arb)
     with pytest.raises(CoreError):
         tree.write(arb, "inst_ctl", cmd, 0)
-    assert state.snapshot(arb) == before
+    assert snapshot.take(arb) == before
 
 
 def test_snapshot_restores_everything(arb: Arbiter) -> None:
     tree.write(arb, "0/policy", "3", 0)
     tree.write(arb, "0/prio_ratio", "60", 0)
     tree.write(arb, "default_memsize", "1GiB", 0)
-    doc = state.snapshot(arb)
+    doc = snapshot.take(arb)
     fresh = Arbiter([GpuInfo(0, "sim", "GPU-a", 16 * GIB, True)], ArbiterConfig())
-    state.restore(fresh, doc, 0)
-    assert state.snapshot(fresh) == doc
+    snapshot.restore(fresh, doc, 0)
+    assert snapshot.take(fresh) == doc
 
 
 @pytest.mark.parametrize("doc", [None, [], {"version": 9}])
 def test_malformed_state_is_a_setting_error(doc: object) -> None:
     fresh = Arbiter([GpuInfo(0, "sim", "GPU-a", 16 * GIB, True)], ArbiterConfig())
     with pytest.raises(SettingError):
-        state.restore(fresh, doc, 0)
+        snapshot.restore(fresh, doc, 0)

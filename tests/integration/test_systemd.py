@@ -223,7 +223,7 @@ def test_check_config(short_tmp: Path) -> None:
 
 
 def test_apply_realtime_asks_for_fifo_reset_on_fork_and_reports_a_refusal() -> None:
-    from arbiterd.server.cpu import apply_realtime
+    from arbiterd.server.realtime import apply_realtime
 
     calls: list[tuple[int, int, int]] = []
     took, msg = apply_realtime(10, lambda pid, policy, param: calls.append((pid, policy, param.sched_priority)))

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arbiterd.core import state, tree
+from arbiterd.core import snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo, InstanceSettings
 from arbiterd.core.errors import CoreError
 from bench.hotpath import FakeTransport
@@ -124,12 +124,12 @@ PATHS = ["version", "default_memsize", "inst_ctl", "upgrade", "0", "0/policy", "
 def test_random_values_for_every_admin_file(path: str, value: str) -> None:
     """Every write either succeeds and reads back, or is refused with one line and changes nothing."""
     arb = _arb()
-    before = state.snapshot(arb)
+    before = snapshot.take(arb)
     try:
         tree.write(arb, path, value, 0)
     except CoreError as exc:
         assert str(exc) and "\n" not in str(exc)
-        assert state.snapshot(arb) == before
+        assert snapshot.take(arb) == before
     tree.read(arb, "", 0)  # the tree stays readable
 
 

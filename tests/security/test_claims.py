@@ -12,7 +12,7 @@ import pytest
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S
 from arbiterd.core.settings import GpuSettings
-from arbiterd.core.sim import SimInstance, Simulation, SwitchCost, bursty, busy
+from cgpu_testing.sim import SimInstance, Simulation, SwitchCost, bursty, busy
 
 HAND_OVER = SwitchCost(transit_ns=30_000, wake_ns=50_000, warm_ns=200_000)  # 0.31 ms, as on a CPU host
 SLOW = SwitchCost(transit_ns=100_000, wake_ns=600_000, warm_ns=500_000)  # 1.3 ms

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import cgpu_protocol as p
-from arbiterd.core.effects import Grant, Revoke
+from arbiterd.core.effects import GrantLease, RevokeLease
 from arbiterd.core.errors import ConflictError, SettingError
 from arbiterd.server import identity
 from arbiterd.server.hub import NO_TIMER, Hub
@@ -43,7 +43,7 @@ def test_effects_become_messages_for_their_peer(hub: Hub) -> None:
     async def go() -> tuple[Peer, Peer]:
         a, b = Peer(1), Peer(2)
         hub.peers.update({1: a, 2: b})
-        hub.apply([Grant(1, 0, 7, 123, 50_000), Revoke(2, 0, 8, "highprio"), Grant(3, 0, 9, 1, 0)])
+        hub.apply([GrantLease(1, 0, 7, 123, 50_000), RevokeLease(2, 0, 8, "highprio"), GrantLease(3, 0, 9, 1, 0)])
         await asyncio.sleep(0)
         return a, b
 
@@ -59,7 +59,7 @@ def test_a_request_comes_back_as_replies_effects_and_the_gpu_whose_timer_they_mo
         hub.admin_write("inst_ctl", "create x gpu=0 memsize=1GiB")
         peer = client(hub, "x", 0)
         replies, effects, gpu = hub.handle(peer, p.Acquire(0), now)
-        assert (list(replies), gpu) == ([], 0) and [type(e) for e in effects] == [Grant]
+        assert (list(replies), gpu) == ([], 0) and [type(e) for e in effects] == [GrantLease]
         assert peer.sent == []  # handle decides, and sends nothing
         hub.deliver(peer, (replies, effects, gpu))
         assert [m.OP for m in peer.sent] == ["grant"]

@@ -9,7 +9,7 @@ import pytest
 
 from arbiterd.core.settings import GPU, INSTANCE
 from arbiterd.server import config
-from arbiterd.tools import doctables
+from docgen import tables as doctables
 from cgpu_device_plugin import config as plugin_config
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from arbiterd.core.settings import GPU, INSTANCE
-from arbiterd.tools.manpages import PAGES, write
+from docgen.manpages import PAGES, write
 from libcgpu_client.env import VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 def test_committed_pages_are_what_the_generator_writes(tmp_path: Path) -> None:
     for path in write(tmp_path):
         assert (ROOT / "man" / path.name).read_text() == path.read_text(), \
-            f"man/{path.name} is stale: python -m arbiterd.tools.manpages man"
+            f"man/{path.name} is stale: python -m docgen.manpages man"
 
 
 def test_every_flag_setting_and_variable_is_documented() -> None:

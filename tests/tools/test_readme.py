@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from arbiterd.core.tree import GPU_FILES, INST_FILES
-from arbiterd.tools.manpages import PAGES
+from docgen.manpages import PAGES
 from libcgpu_client.env import VARIABLES
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from arbiterd.core.accounting import running_mean
-from arbiterd.core.effects import Effect, Grant
+from arbiterd.core.effects import Effect, GrantLease
 from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.highprio import HighPriority
 
@@ -78,7 +78,7 @@ class Policy:
         lease = gpu.lease
         if lease is not None and lease.inst is inst and lease.revoked_ns is None and now < lease.deadline_ns:
             lease.clients.add(client)
-            return [Grant(client, gpu.index, lease.id, lease.deadline_ns, 0)]
+            return [GrantLease(client, gpu.index, lease.id, lease.deadline_ns, 0)]
         if not inst.waiters and not inst.leases:
             self.demand(inst, now)
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from arbiterd.core.effects import NS_PER_MS, Effect, Grant
+from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease
 from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.base import Policy
 from arbiterd.core.policies.highprio import HighPriority
@@ -87,7 +87,7 @@ class Native(Policy):
         inst.waiters.clear()
         return effects
 
-    def grant(self, inst: InstanceState, client: int, since: int, now: int) -> Grant:
+    def grant(self, inst: InstanceState, client: int, since: int, now: int) -> GrantLease:
         """``client`` of ``inst`` (weight above 0), waiting since ``since``, gets a lease of its own now."""
         gpu = self.gpu
         lease = Lease(gpu.next_lease_id(), inst, {client}, now, now + NATIVE_LEASE_NS, self, client)
@@ -97,7 +97,7 @@ class Native(Policy):
         gpu.stats.grants += 1
         if gpu.busy_since is None:
             gpu.busy_since = now
-        return Grant(client, gpu.index, lease.id, lease.deadline_ns, now - since)
+        return GrantLease(client, gpu.index, lease.id, lease.deadline_ns, now - since)
 
     def forget(self, lease: Lease) -> None:
         if lease.client is not None and self.leases.get(lease.client) is lease:

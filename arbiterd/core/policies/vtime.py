@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from arbiterd.core.effects import Effect, Grant
+from arbiterd.core.effects import Effect, GrantLease
 from arbiterd.core.model import EXTENDED_NS, VR_SCALE, Bill, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.base import Policy
 from arbiterd.core.policies.highprio import HighPriority
@@ -117,7 +117,7 @@ class VirtualTime(Policy):
             lease.deadline_ns = now  # the turn is over: not an early release, no idle rest of turn
             return self.gpu.revoke(lease, now, "turn")
         lease.deadline_ns = nominal
-        return [Grant(c, self.gpu.index, lease.id, nominal, 0) for c in sorted(lease.clients)]
+        return [GrantLease(c, self.gpu.index, lease.id, nominal, 0) for c in sorted(lease.clients)]
 
     def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
         """Work-conserving: weights among the instances with demand."""

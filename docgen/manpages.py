@@ -1,6 +1,6 @@
 """Man pages generated from the tools' own argument parsers, the settings' declarations and the env table.
 
-    python -m arbiterd.tools.manpages man/
+    python -m docgen.manpages man/
 
 writes ``arbiterd.8``, ``cgpuctl.8``, ``cgpu-smi.1``, ``cgpu-run.1`` and ``cgpu-device-plugin.8``. The
 pages are committed under ``man/`` and installed with the package; a test
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arbiterd import __version__
-from arbiterd.tools.reference import Entry, tree_files
+from docgen.reference import Entry, tree_files
 
 SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1), ("cgpu-device-plugin", 8))
 DATE = "2026-11"  # changes with the version, not with every build, so the pages are reproducible

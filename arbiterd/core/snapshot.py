@@ -1,7 +1,7 @@
 """Snapshot and restore of everything an operator can set (for the state file).
 
 The document holds every setting of the tables in settings.py, so a setting
-added there is saved and restored with no change here. ``restore(snapshot(a))``
+added there is saved and restored with no change here. ``restore(take(a))``
 gives back ``a``'s settings and records for every state the daemon can reach,
 weight-0 records included (tests/core/test_state_roundtrip.py).
 
@@ -29,7 +29,7 @@ INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight,
 _BAD = (CoreError, KeyError, TypeError, ValueError, AttributeError)
 
 
-def snapshot(arb: Arbiter) -> dict[str, Any]:
+def take(arb: Arbiter) -> dict[str, Any]:
     """A JSON-able document of every setting and instance record (and those kept for absent GPUs)."""
     gpus = {str(idx): {k: s.external(getattr(sched.settings, k)) for k, s in GPU.items()}
             for idx, sched in sorted(arb.scheds.items())}

@@ -1,7 +1,7 @@
 """The documents' reference tables, generated from the settings' declarations.
 
-    python -m arbiterd.tools.doctables           # rewrite every table in README.md and docs/
-    python -m arbiterd.tools.doctables --check   # exit 1 naming each table that is stale
+    python -m docgen.tables           # rewrite every table in README.md and docs/
+    python -m docgen.tables --check   # exit 1 naming each table that is stale
 
 Each table stands in its document between ``<!-- BEGIN name ... -->`` and
 ``<!-- END name -->``; the text around it is the document's own. The flags and
@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from arbiterd.tools.reference import Entry, options, tree_files
+from docgen.reference import Entry, options, tree_files
 
-ROOT = Path(__file__).resolve().parents[2]
-COMMAND = "python -m arbiterd.tools.doctables"
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = "python -m docgen.tables"
 
 
 def _text(text: str) -> str:

@@ -26,7 +26,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from arbiterd.core.effects import NS_PER_MS, Effect, Grant, Revoke
+from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease, RevokeLease
 from arbiterd.core.policies import NATIVE
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
@@ -120,6 +120,10 @@ class SimResult:
     overruns: int
     revocations: int
 
+    def pct(self, name: str) -> float:
+        """``name``'s share of the GPU's time, in percent."""
+        return self.instances[name].share * 100
+
     def max_error_pp(self) -> float:
         errs = [abs(r.share - r.target) * 100 for r in self.instances.values()]
         if all(r.target < 1.0 for r in self.instances.values()):
@@ -190,8 +194,8 @@ class Simulation:
         while pending:
             eff = pending.pop(0)
             if self.switch.transit_ns:  # the client sees it later
-                is_grant = isinstance(eff, Grant)
-                payload = (eff.lease, eff.deadline_ns if isinstance(eff, Grant) else 0)
+                is_grant = isinstance(eff, GrantLease)
+                payload = (eff.lease, eff.deadline_ns if isinstance(eff, GrantLease) else 0)
                 self._push(self.now + self.switch.transit_ns, "grant" if is_grant else "revoke", eff.client, payload)
                 continue
             pending += self._deliver(eff)
@@ -200,7 +204,7 @@ class Simulation:
     def _deliver(self, eff: Effect) -> list[Effect]:
         """The client acts on a grant or a revoke that has reached it."""
         c = self.clients[eff.client]
-        if isinstance(eff, Grant):
+        if isinstance(eff, GrantLease):
             if eff.lease == c.lease:  # the deadline of the lease it holds moved
                 c.deadline = eff.deadline_ns
                 return []
@@ -216,7 +220,7 @@ class Simulation:
                 self._push(self.now + self.switch.wake_ns, "wake", c.cid)
                 return []
             return self._work(c)
-        if isinstance(eff, Revoke) and eff.lease == c.lease:
+        if isinstance(eff, RevokeLease) and eff.lease == c.lease:
             c.revoked = True
             if c.op_end is None:
                 return self._work(c)
@@ -302,8 +306,8 @@ class Simulation:
             t, _, kind, cid, payload = heapq.heappop(self._heap)
             self.now = t
             if kind in ("grant", "revoke"):
-                eff: Effect = (Grant(cid, 0, payload[0], payload[1], 0) if kind == "grant"
-                               else Revoke(cid, 0, payload[0], ""))
+                eff: Effect = (GrantLease(cid, 0, payload[0], payload[1], 0) if kind == "grant"
+                               else RevokeLease(cid, 0, payload[0], ""))
                 self._apply(self._deliver(eff))
             elif kind in ("acquire", "release"):
                 self._apply(self._at_daemon(self.clients[cid], kind, payload))
@@ -367,3 +371,8 @@ class Simulation:
             overruns=self.sched.stats.overruns,
             revocations=self.sched.stats.revocations,
         )
+
+
+def simulate(policy: int, insts: list[SimInstance], seconds: float = 20, **settings: int) -> SimResult:
+    """``insts`` on one GPU of ``policy`` (and ``settings``) for ``seconds`` of virtual time."""
+    return Simulation(GpuSettings(policy=policy, **settings), insts).run(int(seconds * 1_000_000_000))
