@@ -4,8 +4,10 @@
 
 Reports grants/s, grant latency (a queueing figure), the largest share error
 among busy weight-1 instances of a GPU, the daemon's CPU use and lost grants
-(bench/README.md says how). The output ends with ``clients=<n> grants_per_s=<n>
-p50_us=<n> p99_us=<n> max_share_error_pp=<x> lost=<n> daemon_cpu_pct=<x>``.
+(bench/README.md says how), and the grant wait against the round in force
+(``latency_target_ms`` at its default) with the share of held time hand-overs
+cost. The output ends with ``clients=<n> grants_per_s=<n> p50_us=<n> p99_us=<n>
+max_share_error_pp=<x> lost=<n> daemon_cpu_pct=<x> round_ms=<x> handover_pct=<x>``.
 """
 
 from __future__ import annotations
@@ -82,6 +84,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def turn_gaps(held: list[list[Any]], names: set[str]) -> list[float]:
+    """How long each of the instances ``names`` went without the GPU between two of its turns (ms, sorted): its
+    clients' held intervals merged, the gaps between them. The wait for a turn, where the grant latency also
+    counts the grants that join a lease the instance already holds."""
+    by_inst: dict[str, list[tuple[int, int]]] = {}
+    for _, inst, start, end in held:
+        if inst in names:
+            by_inst.setdefault(inst, []).append((start, end))
+    gaps = []
+    for intervals in by_inst.values():
+        intervals.sort()
+        last_end = intervals[0][1]
+        for start, end in intervals[1:]:
+            if start > last_end:
+                gaps.append((start - last_end) / 1e6)
+            last_end = max(last_end, end)
+    return sorted(gaps)
+
+
 def overlaps(held: list[list[Any]]) -> int:
     """Moments at which two different instances held one GPU (client-side intervals)."""
     bad = 0
@@ -124,15 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         parts = [specs[k::args.workers] for k in range(args.workers)]
         outs = [str(tmp / f"w{k}.json") for k in range(args.workers)]
         cpu0, t0 = cpu_seconds(daemon.pid), time.monotonic()
-        held0 = _held(admin)
         procs = [subprocess.Popen([sys.executable, "-c", "import sys; from bench.load import worker; "
                                    "worker(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4])",
                                    sock, json.dumps(part), str(args.seconds), out], cwd=ROOT)
                  for part, out in zip(parts, outs, strict=True)]
         time.sleep(min(5.0, args.seconds / 4))
-        held_a, ta = _held(admin), time.monotonic()
+        (held_a, useful_a, _), ta = _sample(admin), time.monotonic()
         time.sleep(max(0.0, args.seconds - (time.monotonic() - t0) - 1.0))
-        held_b, tb = _held(admin), time.monotonic()
+        (held_b, useful_b, rounds), tb = _sample(admin), time.monotonic()
         for proc in procs:
             if proc.wait(timeout=args.seconds + 120) != 0:
                 raise RuntimeError("a load process failed")
@@ -152,25 +172,37 @@ def main(argv: list[str] | None = None) -> int:
         got = [held_b.get(n, 0.0) - held_a.get(n, 0.0) for n in busy]
         mean = sum(got) / len(got)
         errors += [abs(x - mean) / (tb - ta) * 100 for x in got]
-    del held0
+    gaps = turn_gaps(held, {f"g{g}-i{i}" for g in range(args.gpus) for i in range(0, args.instances, 2)})
+    held_all = sum(held_b.values()) - sum(held_a.values())
+    handover_pct = 100 * (1 - (sum(useful_b.values()) - sum(useful_a.values())) / held_all) if held_all else 0.0
+    round_ms, target_ms, slice_ms, handover_ms = (sorted(r[k] for r in rounds)[len(rounds) // 2] for k in range(4))
     doc = {
         "clients": len(specs), "gpus": args.gpus, "instances_per_gpu": args.instances, "seconds": args.seconds,
         "grants": len(latency), "grants_per_s": len(latency) / wall,
         "p50_us": latency[len(latency) // 2], "p99_us": latency[int(len(latency) * 0.99)],
         "max_share_error_pp": max(errors), "lost": unanswered + twice, "unanswered": unanswered,
         "held_twice": twice, "acquires": asked, "daemon_cpu_pct": 100 * cpu / wall,
+        "turn_wait_p50_ms": gaps[len(gaps) // 2] if gaps else 0.0,
+        "turn_wait_p99_ms": gaps[int(len(gaps) * 0.99)] if gaps else 0.0,
+        "round_ms": round_ms, "round_target_ms": target_ms, "handover_pct": handover_pct,
+        "slice_ms": slice_ms, "handover_ms": handover_ms,
     }
     line = (f"clients={doc['clients']} grants_per_s={doc['grants_per_s']:.0f} p50_us={doc['p50_us']:.0f} "
             f"p99_us={doc['p99_us']:.0f} max_share_error_pp={doc['max_share_error_pp']:.2f} lost={doc['lost']} "
-            f"daemon_cpu_pct={doc['daemon_cpu_pct']:.1f}")
+            f"daemon_cpu_pct={doc['daemon_cpu_pct']:.1f} round_ms={round_ms:.1f} handover_pct={handover_pct:.2f}")
     table = "\n".join([
         f"{args.gpus} simulated GPUs x {args.instances} instances x {args.procs} processes = {len(specs)} clients, "
-        f"policy 4, half busy and half bursty, {args.seconds:.0f} s",
+        f"policy 4, half busy and half bursty, {args.seconds:.0f} s; every other setting at its default "
+        f"(slice_ms auto, latency_target_ms {target_ms:g}); the slice auto picks from the hand-over "
+        f"({handover_ms:.2f} ms): {slice_ms:g} ms (the median GPU's)",
         "",
-        "| grants/s | grant latency p50 | p99 | max share error | acquires | unanswered | held twice | daemon CPU |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| grants/s | grant latency p50 | p99 | busy instances' wait for a turn p50 | p99 | round in force (target) "
+        "| hand-overs | max share error | acquires | unanswered | held twice | daemon CPU |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         f"| {doc['grants_per_s']:.0f} | {doc['p50_us']:.0f} us | {doc['p99_us']:.0f} us | "
-        f"{doc['max_share_error_pp']:.2f} pp | {asked} | {unanswered} | {twice} | {doc['daemon_cpu_pct']:.1f} % |",
+        f"{doc['turn_wait_p50_ms']:.1f} ms | {doc['turn_wait_p99_ms']:.1f} ms | {round_ms:.1f} ms "
+        f"({target_ms:g}) | {handover_pct:.2f} % | {doc['max_share_error_pp']:.2f} pp | {asked} | {unanswered} | "
+        f"{twice} | {doc['daemon_cpu_pct']:.1f} % |",
     ])
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -182,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _held(admin: str) -> dict[str, float]:
+def _sample(admin: str) -> tuple[dict[str, float], dict[str, float], list[tuple[float, float, float, float]]]:
+    """Each instance's held and delivered seconds so far, and each GPU's round in force, its target, the slice in
+    force and the expected hand-over (ms)."""
     doc = AdminClient(admin).status()
-    return {i["id"]: float(i["held_seconds"]) for g in doc["gpus"] for i in g["instances"]}
+    insts = [i for g in doc["gpus"] for i in g["instances"]]
+    return ({i["id"]: float(i["held_seconds"]) for i in insts}, {i["id"]: float(i["delivered_seconds"]) for i in insts},
+            [(float(g["round_ms"]), float(g["latency_target_ms"]), float(g["slice_effective_ms"]),
+              float(g["handover_ms"])) for g in doc["gpus"]])
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ class HandoverMeter:
         want = -(-self.expected * 100 // (target_pct * NS_PER_MS))  # ceil, in ms
         return max(lo_ms, min(hi_ms, want)) * NS_PER_MS
 
+    def shortest_slice_ns(self, max_pct: int) -> int:
+        """The shortest slice whose hand-over costs at most ``max_pct`` % of it (ns)."""
+        return -(-self.expected * 100 // max_pct)
+
 
 OWN_HANDOVER_LEASES = 16  # an instance's expected hand-over is a running mean over about this many leases
 

@@ -143,6 +143,7 @@ class Runqueue:
         self.handover = HandoverMeter()
         self.slice_ns = self.pick_slice_ns()
         self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
+        self.round_ns = 0  # the round of turns in force: the useful time every instance's turn takes, together
 
     def extension_for(self, inst: InstanceState) -> int:
         """What a turn of ``inst`` is lengthened by: its own expected hand-over, the GPU's until it has one."""
@@ -154,6 +155,24 @@ class Runqueue:
         if s.slice_ms != AUTO:
             return s.slice_ms * NS_PER_MS
         return self.handover.auto_slice_ns(s.handover_target_pct, s.slice_min_ms, s.slice_max_ms)
+
+    def round_slice_ns(self, weight: int) -> int:
+        """The slice for a round of ``weight`` slices (the weights that take turns), and the round it makes.
+
+        Under ``slice_ms = auto`` the slice in force is cut so that the round fits ``latency_target_ms``, as
+        CFS cuts its period among runnable tasks, but no shorter than ``slice_min_ms`` or than the slice whose
+        hand-over costs ``handover_max_pct`` % of it; past that the round stretches. With few instances the
+        round fits at the slice in force and nothing changes. Shares stay exact: every turn is cut alike.
+        """
+        s = self.settings
+        slice_ns = self.slice_ns
+        if s.slice_ms == AUTO and weight > 0:
+            fit = s.latency_target_ms * NS_PER_MS // weight
+            if fit < slice_ns:
+                floor = max(s.slice_min_ms * NS_PER_MS, self.handover.shortest_slice_ns(s.handover_max_pct))
+                slice_ns = min(slice_ns, max(floor, fit))
+        self.round_ns = weight * slice_ns
+        return slice_ns
 
     def holders(self) -> list[Lease]:
         """Every lease now held on this GPU: the classes' own, then the current one."""

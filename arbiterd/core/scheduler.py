@@ -55,7 +55,8 @@ class GpuScheduler:
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
             "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
             **{name: functools.partial(self._set_slice_bound, name)
-               for name in ("slice_min_ms", "slice_max_ms", "handover_target_pct")},
+               for name in ("slice_min_ms", "slice_max_ms", "handover_target_pct", "latency_target_ms",
+                            "handover_max_pct")},
         }
 
     # ------------------------------------------------------------------ derived
@@ -227,7 +228,8 @@ class GpuScheduler:
         return self._setters[name](value, now)
 
     def _set_slice_bound(self, name: str, value: int, now: int) -> list[Effect]:
-        """``slice_min_ms``, ``slice_max_ms`` or ``handover_target_pct``: what ``slice_ms = auto`` may do."""
+        """``slice_min_ms``, ``slice_max_ms``, ``handover_target_pct``, ``latency_target_ms`` or
+        ``handover_max_pct``: what ``slice_ms = auto`` may do."""
         self.check(name, value)
         setattr(self.settings, name, value)
         self._refresh_slice(now)

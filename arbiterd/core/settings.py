@@ -43,6 +43,11 @@ class GpuSettings:
     slice_max_ms: int = setting(100, "with slice_ms auto: the longest slice it may choose (ms)", 1, 100)
     handover_target_pct: int = setting(2, "with slice_ms auto: the share of GPU time (%) hand-overs may cost",
                                        1, 50)
+    latency_target_ms: int = setting(200, "with slice_ms auto: the round of turns (ms) that busy instances should "
+                                          "fit in; the slice shrinks to fit it, down to what handover_max_pct allows, "
+                                          "and past that the round stretches", 10, 10_000)
+    handover_max_pct: int = setting(10, "with slice_ms auto: the most GPU time (%) hand-overs may cost while the "
+                                        "slice shrinks to fit latency_target_ms", 1, 50)
     overrun_ms: int = setting(500, "cut a holder off this long after its deadline (or a revoke)", 1, 3_600_000)
 
 

@@ -59,6 +59,8 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
                                    "by more than overrun_ms", labels=g_)
     slice_s = GaugeMetricFamily("cgpu_gpu_slice_seconds", "The slice in force (slice_ms, or what auto chose)",
                                 labels=g_)
+    round_s = GaugeMetricFamily("cgpu_gpu_round_seconds", "The round in force: one turn of every instance that "
+                                "takes turns (slice_ms auto cuts the slice to fit latency_target_ms)", labels=g_)
     handover = HistogramMetricFamily("cgpu_gpu_handover_seconds", "What each hand-over cost: the part of a "
                                      "lease nobody could use (transit, wake-up, warm-up)", labels=g_)
     parts = GaugeMetricFamily("cgpu_gpu_handover_part_seconds", "Where the last hand-overs went, on average "
@@ -74,6 +76,7 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
         alloc_mem.add_metric(lg, g.alloc_mem)
         alloc_core.add_metric(lg, g.alloc_core)
         slice_s.add_metric(lg, g.slice_effective_ms / 1e3)
+        round_s.add_metric(lg, g.round_ms / 1e3)
         counts, sum_ns = meters[g.index]
         acc, buckets = 0, []
         for bound, n in zip(BUCKETS, counts, strict=True):
@@ -88,8 +91,8 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
         if g.fairness_error_pp["60s"] is not None:
             fair.add_metric(lg, g.fairness_error_pp["60s"] / 100)
         overruns.add_metric(lg, g.overruns)
-    yield from (busy, *settings.values(), slice_s, handover, parts, free_w, total, alloc_mem, alloc_core, grants,
-                revokes, overruns, fair)
+    yield from (busy, *settings.values(), slice_s, round_s, handover, parts, free_w, total, alloc_mem, alloc_core,
+                grants, revokes, overruns, fair)
 
 
 def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:

@@ -130,6 +130,7 @@ class GpuStatus:
     policy_name: str
     settings: dict[str, int | str]  # every GPU setting, by name (the settings table)
     slice_effective_ms: float  # the slice in force (what slice_ms = auto chose, or the pinned value)
+    round_ms: float  # the round in force: the useful time one turn of every instance takes (latency_target_ms)
     handover_ms: float  # the expected hand-over: the mean of the last leases' (arbiterd.core.accounting)
     handover_transit_ms: float  # the last leases' mean transit, unclamped: the daemon's and the messages' part
     handover_warmup_ms: float  # ... and mean warm-up: the part the clients reported (wake-up, slow first work)
@@ -211,7 +212,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             g.index, g.name, g.uuid, g.simulated, g.total_mem, sum(r.ledger.used for r in records),
             POLICY_NAMES[sched.settings.policy],
             {name: s.external(getattr(sched.settings, name)) for name, s in GPU.items()},
-            sched.slice_ns / 1e6, sched.handover.expected / 1e6, transit / 1e6, warmup / 1e6,
+            sched.slice_ns / 1e6, sched.rq.round_ns / 1e6, sched.handover.expected / 1e6, transit / 1e6, warmup / 1e6,
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
             dict(sched.stats.revoked), sched.stats.overruns, worst,
             arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index), insts,

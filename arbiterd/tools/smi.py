@@ -46,7 +46,8 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"WARNING: {problem}")
     out.append("")
     gpu_hdr = f"{'GPU':<4}{'Name':<22}{'Memory used / total':<26}{'Policy':<15}{'max_inst':>9}" \
-              f"{'free_weight':>13}{'Slice':>12}{'Handover':>10}{'Busy% 1s':>10}{'60s':>7}{'Fair pp 60s':>13}"
+              f"{'free_weight':>13}{'Slice':>12}{'Handover':>10}{'Busy% 1s':>10}{'60s':>7}{'Fair pp 60s':>13}" \
+              f"{'Round':>9}"
     out.append(gpu_hdr)
     out.append("-" * len(gpu_hdr))
     for g in doc["gpus"]:
@@ -55,7 +56,8 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"{g['index']:<4}{name[:21]:<22}{mem:<26}{str(g['policy']) + ' ' + g['policy_name']:<15}"
                    f"{g['max_inst']:>9}{g['free_weight']:>13}{_slice(g):>12}{g['handover_ms']:>8.2f}ms"
                    f"{_pct(g['busy_pct']['1s']):>10}"
-                   f"{_pct(g['busy_pct']['60s']):>7}{_pct(g['fairness_error_pp']['60s']):>13}")
+                   f"{_pct(g['busy_pct']['60s']):>7}{_pct(g['fairness_error_pp']['60s']):>13}"
+                   f"{g['round_ms']:>7.0f}ms")
     out.append("")
     inst_hdr = f"{'GPU':<4}{'Instance':<16}{'Weight':>7}{'HighPrio':>9}{'Entitled% 1s':>14}{'60s':>7}" \
                f"{'Delivered% 1s':>15}{'60s':>7}{'Err pp 1s':>11}{'60s':>7}  {'Memory used / limit':<26}{'PIDs'}"

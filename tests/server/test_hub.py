@@ -205,3 +205,24 @@ def test_a_release_on_a_ring_policy_that_grants_nothing_still_moves_the_timer(hu
         hub.stop_timer()
 
     asyncio.run(go())
+
+
+def test_the_round_in_force_is_in_the_status(hub: Hub) -> None:
+    """The round is sized at each turn from the instances that take turns: one asking at first (a 50 ms round of
+    50 ms slices), then four once the holder asks again with the others waiting. (How latency_target_ms cuts
+    it is tests/core/test_round.py's, on the virtual clock.)"""
+    async def go() -> list[float]:
+        now = time.monotonic_ns()
+        hub.admin_write("0/policy", "4")
+        hub.admin_write("0/slice_min_ms", "50")  # no hand-over measured yet: auto picks slice_min_ms
+        peers = [client(hub, f"i{k}", 0) for k in range(4)]
+        for peer in peers:
+            hub.serve(peer, p.Acquire(0), now)
+        rounds = [hub.status().gpus[0].round_ms]
+        holder = next(peer for peer in peers if any(m.OP == "grant" for m in peer.sent))
+        lease = next(m for m in holder.sent if isinstance(m, p.Grant)).lease
+        hub.serve(holder, p.Release(0, lease, 50_000_000, again=True), now + 50_000_000)
+        rounds.append(hub.status().gpus[0].round_ms)
+        return rounds
+
+    assert asyncio.run(go()) == [50.0, 200.0]

@@ -9,8 +9,8 @@ import pytest
 
 from arbiterd.core.settings import GPU, INSTANCE
 from arbiterd.server import config
-from docgen import tables as doctables
 from cgpu_device_plugin import config as plugin_config
+from docgen import tables as doctables
 
 
 def test_the_committed_tables_are_what_the_generator_writes() -> None:

@@ -57,11 +57,12 @@ class Ring(Policy):
         # an owned segment holds its slots' useful time plus its owner's hand-over, taken from the idle slots
         idle_slots = sum(n for owner, n in runs if owner is None)
         taken = sum(gpu.extension_for(owner) for owner, _ in runs if owner is not None)
+        slot = gpu.round_slice_ns(gpu.settings.max_inst)  # the ring is one round of max_inst slots
         segs: list[tuple[InstanceState | None, int]] = []
         for owner, n in runs:
             if owner is not None:
-                segs.append((owner, n * gpu.slice_ns + gpu.extension_for(owner)))
-            elif (length := n * gpu.slice_ns - taken * n // idle_slots) > 0:
+                segs.append((owner, n * slot + gpu.extension_for(owner)))
+            elif (length := n * slot - taken * n // idle_slots) > 0:
                 segs.append((None, length))
         had_segments = bool(self.segments)
         self.segments = segs

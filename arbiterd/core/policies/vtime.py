@@ -62,9 +62,17 @@ class VirtualTime(Policy):
         if active:
             gpu.min_vr = max(gpu.min_vr, min(active))
 
+    def round_weight(self) -> int:
+        """The slices one round of turns takes: the weights of the normal instances with demand."""
+        return sum(self.vtime_weight(i) for i in self.gpu.normal_members() if i.waiters or i.leases)
+
+    def turn_slice_ns(self) -> int:
+        """The slice of this round: the slice in force, cut to fit the round target (Runqueue.round_slice_ns)."""
+        return self.gpu.round_slice_ns(self.round_weight())
+
     def turn_ns(self, inst: InstanceState) -> int:
         """The nominal length of one turn of ``inst``: ``weight`` slices."""
-        return inst.weight * self.gpu.slice_ns
+        return inst.weight * self.turn_slice_ns()
 
     def contended(self, inst: InstanceState) -> bool:
         """Whether another instance wants the GPU that ``inst`` holds: a normal one (a high-priority one with
@@ -144,7 +152,7 @@ class Preemptive(VirtualTime):
         return 1
 
     def turn_ns(self, inst: InstanceState) -> int:
-        return self.gpu.slice_ns
+        return self.turn_slice_ns()
 
     def weight_switch(self, weight: int) -> int | None:
         return Weighted.number if weight > 1 else None
@@ -171,6 +179,9 @@ class Weighted(VirtualTime):
 
     def counts_for_floor(self, inst: InstanceState) -> bool:
         return True  # a registered instance's turns pass even while it is idle
+
+    def round_weight(self) -> int:
+        return sum(i.weight for i in self.gpu.normal_members())  # idle turns are part of the round
 
     def contended(self, inst: InstanceState) -> bool:
         return any(i is not inst for i in self.gpu.normal_members())
