@@ -122,6 +122,7 @@ class Proof:
 
     def start_daemon(self) -> None:
         cfg = Config()
+        self.default_policy = cfg.gpu.policy
         print(f"arbiterd at its defaults, on NVML (no --sim-gpus): policy {cfg.gpu.policy}, slice_ms auto "
               f"({cfg.gpu.slice_min_ms}..{cfg.gpu.slice_max_ms} ms, handover_target_pct "
               f"{cfg.gpu.handover_target_pct}), overrun_ms {cfg.gpu.overrun_ms}, identity {cfg.identity}, "
@@ -174,9 +175,8 @@ class Proof:
     def restore_policy(self) -> None:
         """GPU 0 back on the daemon's default policy: a part that moved it (bench.resnet50 puts it on 2, where
         every registered instance takes its turn, idle or not) must not shape the parts after it."""
-        default = Config().gpu.policy
-        if self.status()["gpus"][0]["policy"] != default:
-            self.ctl("echo", str(default), "0/policy")
+        if self.status()["gpus"][0]["policy"] != self.default_policy:
+            self.ctl("echo", str(self.default_policy), "0/policy")
 
     def log(self, name: str, text: str) -> Path:
         """``text`` (a failed child's whole stderr) kept beside gpu.json as NAME.log."""

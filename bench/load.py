@@ -26,6 +26,7 @@ from typing import Any
 
 from arbiterd.tools.adminclient import AdminClient
 from bench import results
+from bench.common import percentile
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.tools import ROOT
 from libcgpu_client.aio import AsyncClient
@@ -85,14 +86,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 def turn_gaps(held: list[list[Any]], names: set[str]) -> list[float]:
-    """How long each of the instances ``names`` went without the GPU between two of its turns (ms, sorted): its
+    """How long each of the instances ``names`` went without the GPU between two of its turns (ms): its
     clients' held intervals merged, the gaps between them. The wait for a turn, where the grant latency also
     counts the grants that join a lease the instance already holds."""
     by_inst: dict[str, list[tuple[int, int]]] = {}
     for _, inst, start, end in held:
         if inst in names:
             by_inst.setdefault(inst, []).append((start, end))
-    gaps = []
+    gaps: list[float] = []
     for intervals in by_inst.values():
         intervals.sort()
         last_end = intervals[0][1]
@@ -100,7 +101,7 @@ def turn_gaps(held: list[list[Any]], names: set[str]) -> list[float]:
             if start > last_end:
                 gaps.append((start - last_end) / 1e6)
             last_end = max(last_end, end)
-    return sorted(gaps)
+    return gaps
 
 
 def overlaps(held: list[list[Any]]) -> int:
@@ -172,18 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         got = [held_b.get(n, 0.0) - held_a.get(n, 0.0) for n in busy]
         mean = sum(got) / len(got)
         errors += [abs(x - mean) / (tb - ta) * 100 for x in got]
-    gaps = turn_gaps(held, {f"g{g}-i{i}" for g in range(args.gpus) for i in range(0, args.instances, 2)})
+    gaps = turn_gaps(held, {name for _, name, bursty in specs if not bursty})
     held_all = sum(held_b.values()) - sum(held_a.values())
     handover_pct = 100 * (1 - (sum(useful_b.values()) - sum(useful_a.values())) / held_all) if held_all else 0.0
-    round_ms, target_ms, slice_ms, handover_ms = (sorted(r[k] for r in rounds)[len(rounds) // 2] for k in range(4))
+    round_ms, target_ms, slice_ms, handover_ms = (percentile([r[k] for r in rounds], 0.5) for k in range(4))
     doc = {
         "clients": len(specs), "gpus": args.gpus, "instances_per_gpu": args.instances, "seconds": args.seconds,
         "grants": len(latency), "grants_per_s": len(latency) / wall,
         "p50_us": latency[len(latency) // 2], "p99_us": latency[int(len(latency) * 0.99)],
         "max_share_error_pp": max(errors), "lost": unanswered + twice, "unanswered": unanswered,
         "held_twice": twice, "acquires": asked, "daemon_cpu_pct": 100 * cpu / wall,
-        "turn_wait_p50_ms": gaps[len(gaps) // 2] if gaps else 0.0,
-        "turn_wait_p99_ms": gaps[int(len(gaps) * 0.99)] if gaps else 0.0,
+        "turn_wait_p50_ms": percentile(gaps, 0.5), "turn_wait_p99_ms": percentile(gaps, 0.99),
         "round_ms": round_ms, "round_target_ms": target_ms, "handover_pct": handover_pct,
         "slice_ms": slice_ms, "handover_ms": handover_ms,
     }

@@ -42,11 +42,10 @@ from arbiterd.server.persist import StateStore
 log = logging.getLogger("arbiterd")
 _K = TypeVar("_K")
 STATS_MAX_AGE_NS = 100_000_000  # a client's stats are answered from a status at most this old
-# what a client learns of a GPU: what it is and how it is set, nothing that sums the other tenants' activity
-# (memory in use, grants, busy time, free weight, allocations, measured hand-overs)
-STATS_GPU_FIELDS = frozenset({"index", "uuid", "name", "simulated", "total_mem", "policy", "policy_name", "max_inst",
-                              "prio_ratio", "slice_ms", "slice_effective_ms", "slice_min_ms", "slice_max_ms",
-                              "handover_target_pct", "latency_target_ms", "handover_max_pct", "overrun_ms"})
+# what a client learns of a GPU: what it is and how it is set (every GPU setting), nothing that sums the other
+# tenants' activity (memory in use, grants, busy time, free weight, allocations, measured hand-overs, the round)
+STATS_GPU_FIELDS = frozenset({"index", "uuid", "name", "simulated", "total_mem", "policy_name", "slice_effective_ms",
+                              *GPU})
 NO_REPLY: tuple[p.Message, ...] = ()
 NO_TIMER = -1  # an outcome that cannot move any deadline: the timer is not looked at
 STATE_ROOM = 4096  # what one admin write may add to the state file, at most (tried before it is made)
