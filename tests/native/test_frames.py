@@ -31,6 +31,7 @@ class RecordingProxy:
         self.frames: list[p.Message] = []
         self.errors: list[str] = []
         self.conns: list[tuple[socket.socket, socket.socket]] = []
+        self.recorders: list[threading.Thread] = []  # one per client connection: what it sent, decoded
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(16)
@@ -45,8 +46,16 @@ class RecordingProxy:
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.connect(self.upstream)
             self.conns.append((client, server))
-            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            recorder = threading.Thread(target=self._pipe, args=(client, server, True), daemon=True)
+            self.recorders.append(recorder)
+            recorder.start()
             threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every connection of a client that has exited is read to its end: its last frames may
+        still be in the socket when the process is gone."""
+        for recorder in list(self.recorders):
+            recorder.join(timeout)
 
     def _pipe(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
         decoder = p.Decoder()
@@ -101,6 +110,7 @@ def test_every_frame_the_shim_sends_is_a_valid_message(native: Native, proxy: Re
             break
     out, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
+    proxy.settle()
     assert proxy.errors == []
     ops = [f.OP for f in proxy.frames]
     assert {"hello", "register", "acquire", "release", "mem_reserve", "mem_query", "mem_free"} <= set(ops), ops
