@@ -17,6 +17,7 @@ from typing import Protocol
 from arbiterd.core.accounting import HandoverMeter
 from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease, RevokeLease, value
 from arbiterd.core.settings import AUTO, GpuSettings
+from arbiterd.core.waits import GrantWaits
 
 VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
 DEBT_CAP_SLICES = 20  # debt beyond this (a stalled client) is not repaid by skipping turns
@@ -141,6 +142,7 @@ class Runqueue:
         self.busy_since: int | None = None
         self.last_ended: tuple[InstanceState, int] | None = None  # whose lease ended last, and when
         self.handover = HandoverMeter()
+        self.waits = GrantWaits()  # each instance's grant waits, for status and the metrics
         self.slice_ns = self.pick_slice_ns()
         self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
         self.round_ns = 0  # the round of turns in force: the useful time every instance's turn takes, together
@@ -217,6 +219,8 @@ class Runqueue:
                       renewal=ended is not None and ended[0] is inst and ended[1] == now)
         waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
         effects: list[Effect] = [GrantLease(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
+        for _, t in waiting:
+            self.waits.record(inst.name, now, now - t)
         inst.waiters.clear()
         inst.grants += 1
         inst.leases += 1

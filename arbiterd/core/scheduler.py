@@ -199,6 +199,7 @@ class GpuScheduler:
                 self._end_lease(lease, now)
         self.ent.fold(now)
         del self.instances[name]
+        self.rq.waits.forget(name)
         self.hp.changed()
         self.policy.removed(inst)
         self.policy.changed(now)

@@ -108,6 +108,9 @@ def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
                                     labels=gi) for name in INSTANCE_GAUGES}
     used = GaugeMetricFamily("cgpu_instance_memory_used_bytes", "Reserved device memory", labels=gi)
     limit = GaugeMetricFamily("cgpu_instance_memory_limit_bytes", "Memory limit", labels=gi)
+    wait = GaugeMetricFamily("cgpu_instance_grant_wait_seconds", "The instance's grant waits (acquire to grant) "
+                             "over the last minute, by quantile (0.5, 0.99); absent when nothing was granted in it",
+                             labels=[*gi, "quantile"])
     for g in doc.gpus:
         for i in g.instances:
             li = [str(g.index), i.id]
@@ -119,7 +122,10 @@ def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
             inst["highprio"].add_metric(li, i.highprio)
             used.add_metric(li, i.mem_used)
             limit.add_metric(li, i.mem_limit)
-    yield from (held, delivered, entitled, demand, *inst.values(), used, limit)
+            for q, ms in (("0.5", i.wait_p50_ms), ("0.99", i.wait_p99_ms)):
+                if ms is not None:
+                    wait.add_metric([*li, q], ms / 1e3)
+    yield from (held, delivered, entitled, demand, *inst.values(), used, limit, wait)
 
 
 def _client_metrics(hub: Hub) -> Iterator[Metric]:

@@ -117,6 +117,8 @@ class InstanceStatus:
     clients: int
     provisioned: bool
     demand: bool
+    wait_p50_ms: float | None  # its grant waits over the last minute (arbiterd.core.waits): None if none
+    wait_p99_ms: float | None
 
 
 @dataclass(slots=True)
@@ -198,6 +200,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             share = {k: _pct(cur.held - p.inst[(g.index, rec.name)].held, now - p.t) if p else None
                      for k, p in past.items()}
             pids = sorted({arb.clients[c].pid for c in rec.clients if c in arb.clients})
+            found = sched.rq.waits.quantiles(rec.name, now)
+            waits = [None, None] if found is None else [round(w / 1e6, 3) for w in found]
             insts.append(InstanceStatus(
                 rec.name, st.weight, int(st.highprio), st.weight == 0, cur.held / 1e9,
                 cur.delivered / 1e9, cur.delivered / 1e9, round(cur.entitled / 1e9, 6), round(cur.owed / 1e9, 6),
@@ -205,7 +209,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 {k: f.entitled_pct for k, f in fair.items()}, {k: f.delivered_pct for k, f in fair.items()},
                 {k: f.error_pp for k, f in fair.items()}, st.grants,
                 rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
-                sched.has_demand(rec.name),
+                sched.has_demand(rec.name), *waits,
             ))
         transit, warmup = sched.handover.parts
         gs = GpuStatus(

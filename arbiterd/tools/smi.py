@@ -31,6 +31,11 @@ def _signed(v: float | None) -> str:
     return "-" if v is None else f"{v:+.1f}"
 
 
+def _wait(v: float | None) -> str:
+    """A grant wait: ``-`` where nothing was granted in the window."""
+    return "-" if v is None else f"{v:.1f}ms" if v < 10 else f"{v:.0f}ms"
+
+
 def _slice(g: dict[str, Any]) -> str:
     """``auto 65ms`` or the pinned ``5ms``."""
     eff = f"{g['slice_effective_ms']:g}ms"
@@ -60,7 +65,8 @@ def render(doc: dict[str, Any]) -> str:
                    f"{g['round_ms']:>7.0f}ms")
     out.append("")
     inst_hdr = f"{'GPU':<4}{'Instance':<16}{'Weight':>7}{'HighPrio':>9}{'Entitled% 1s':>14}{'60s':>7}" \
-               f"{'Delivered% 1s':>15}{'60s':>7}{'Err pp 1s':>11}{'60s':>7}  {'Memory used / limit':<26}{'PIDs'}"
+               f"{'Delivered% 1s':>15}{'60s':>7}{'Err pp 1s':>11}{'60s':>7}{'Wait p50':>10}{'p99':>8}  " \
+               f"{'Memory used / limit':<26}{'PIDs'}"
     out.append(inst_hdr)
     out.append("-" * len(inst_hdr))
     any_inst = False
@@ -73,7 +79,8 @@ def render(doc: dict[str, Any]) -> str:
             line = (f"{g['index']:<4}{i['id'][:15]:<16}{weight:>7}{i['highprio']:>9}"
                     f"{_pct(i['entitled_pct']['1s']):>14}{_pct(i['entitled_pct']['60s']):>7}"
                     f"{_pct(i['delivered_pct']['1s']):>15}{_pct(i['delivered_pct']['60s']):>7}"
-                    f"{_signed(i['error_pp']['1s']):>11}{_signed(i['error_pp']['60s']):>7}  {mem:<26}{pids}")
+                    f"{_signed(i['error_pp']['1s']):>11}{_signed(i['error_pp']['60s']):>7}"
+                    f"{_wait(i.get('wait_p50_ms')):>10}{_wait(i.get('wait_p99_ms')):>8}  {mem:<26}{pids}")
             if i["starved"]:
                 line += "   STARVED: weight 0, no GPU time (free_weight was 0)"
             out.append(line)

@@ -69,3 +69,19 @@ def test_weighted_policy_counts_idle_instances_in_the_round() -> None:
     sim.run(10 * NS_PER_S)
     assert sim.sched.rq.round_ns / NS_PER_MS == pytest.approx(200.0, abs=0.01)  # 8 weights: 25 ms slices
 
+
+
+@pytest.mark.parametrize("weights", [[1, 1], [1, 1, 1, 1], [1, 2] * 6, [1] * 25])
+def test_each_busy_instance_waits_for_the_others_turns(weights: list[int]) -> None:
+    """A busy instance asks again as its turn ends and waits for every other turn of the round: the round less
+    its own useful time, plus one hand-over for each of the others' turns (arbiterd.core.waits, as status shows
+    it)."""
+    sim, _, _ = run(weights)
+    rq = sim.sched.rq
+    total, n = sum(weights), len(weights)
+    for (name, inst), w in zip(rq.instances.items(), weights, strict=True):
+        p50, p99 = rq.waits.quantiles(name, SECONDS * NS_PER_S) or (0, 0)
+        expected = rq.round_ns * (1 - w / total) + (n - 1) * rq.handover.expected
+        assert p50 == pytest.approx(expected, rel=0.025), name
+        assert p50 <= p99 <= 2 * max(rq.round_ns, 200 * NS_PER_MS), name
+        assert inst.grants > 0

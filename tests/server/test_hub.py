@@ -7,12 +7,14 @@ import asyncio
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 import cgpu_protocol as p
 from arbiterd.core.effects import GrantLease, RevokeLease
 from arbiterd.core.errors import ConflictError, SettingError
 from arbiterd.server import identity
 from arbiterd.server.hub import NO_TIMER, Hub
+from arbiterd.server.metrics import ArbiterCollector
 
 
 class Peer:
@@ -226,3 +228,29 @@ def test_the_round_in_force_is_in_the_status(hub: Hub) -> None:
         return rounds
 
     assert asyncio.run(go()) == [50.0, 200.0]
+
+
+def test_each_instances_grant_wait_is_in_the_status_and_the_metrics(hub: Hub) -> None:
+    """``a`` is granted at once; ``b`` asks 1 ms later and is granted when ``a`` gives its lease back at 50 ms:
+    its wait is 49 ms, ``a``'s 0, and an instance granted nothing in the window has none."""
+    async def go() -> None:
+        now = time.monotonic_ns()
+        hub.admin_write("inst_ctl", "create a gpu=0")
+        hub.admin_write("inst_ctl", "create b gpu=0")
+        hub.admin_write("inst_ctl", "create c gpu=0")
+        a, b = client(hub, "a", 0), client(hub, "b", 0)
+        hub.serve(a, p.Acquire(0), now)
+        grant = next(m for m in a.sent if isinstance(m, p.Grant))
+        hub.serve(b, p.Acquire(0), now + 1_000_000)
+        hub.serve(a, p.Release(0, grant.lease, 49_000_000), now + 50_000_000)
+        assert any(isinstance(m, p.Grant) for m in b.sent)
+        hub.stop_timer()
+
+    asyncio.run(go())
+    waits = {i.id: (i.wait_p50_ms, i.wait_p99_ms) for i in hub.status().gpus[0].instances}
+    assert waits == {"a": (0.0, 0.0), "b": (49.0, 49.0), "c": (None, None)}
+    reg = CollectorRegistry()
+    reg.register(ArbiterCollector(hub))
+    sample = reg.get_sample_value
+    assert sample("cgpu_instance_grant_wait_seconds", {"gpu": "0", "instance": "b", "quantile": "0.99"}) == 0.049
+    assert sample("cgpu_instance_grant_wait_seconds", {"gpu": "0", "instance": "c", "quantile": "0.5"}) is None

@@ -95,6 +95,7 @@ class Native(Policy):
         inst.grants += 1
         inst.leases += 1
         gpu.stats.grants += 1
+        gpu.waits.record(inst.name, now, now - since)
         if gpu.busy_since is None:
             gpu.busy_since = now
         return GrantLease(client, gpu.index, lease.id, lease.deadline_ns, now - since)
