@@ -1,13 +1,17 @@
 """Shares at the daemon's default settings: throughput, not held time, for every row of the policy table.
 
-    python -m bench.fidelity [--json] [--sizes 0.5,5] [--native] [--only NAME] [--no-results]
+    python -m bench.fidelity [--json] [--sizes 0.5,5] [--workloads loop,sync] [--native] [--only NAME[,NAME]]
+                             [--no-results]
 
 A real arbiterd at its defaults (``--sim-gpus 1x16GiB --identity declared``: slice_ms auto) and tenants
 under ``cgpu-run --device cpu`` running torch operators of about 0.5 ms and 5 ms (bench/fidelity_worker.py);
 with ``--native``, C programs launching asynchronous spin kernels through libcgpu.so, on the fake CUDA
 driver here and on the real one where a GPU is. A tenant's share is its rate against its own exclusive
-rate, measured alone just before and after in the same run. bench/README.md says how. The output ends
-with ``max_share_error_pp=<n> min_aggregate_pct=<n> max_ratio_error_pct=<n> pinned5_ratio_error_pct=<n>``.
+rate, measured alone just before and after in the same run. bench/README.md says how. The ``sync`` workload
+ends every operation in a synchronising read (``.item()``); it runs the 1:2 row and the high-priority row, side
+by side, whose aggregates are compared (high priority's preemptions must cost no more than the weighted
+policy's hand-overs). The output ends with ``max_share_error_pp=<n> min_aggregate_pct=<n>
+max_ratio_error_pct=<n> pinned5_ratio_error_pct=<n> hp_aggregate_gap_pp=<n>``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.tools import ROOT
 
 TARGETS = {"max_share_error_pp": 3.0, "min_aggregate_pct": 95.0, "max_ratio_error_pct": 2.5,
-           "pinned5_ratio_error_pct": 2.5}
+           "pinned5_ratio_error_pct": 2.5, "hp_aggregate_gap_pp": 1.0}
+HP_PAIR = ("p2_1_2", "hp60_beside_normal")  # hp_aggregate_gap_pp: the first's aggregate less the second's
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Row:
     settings: dict[str, str] = field(default_factory=dict)  # besides the policy, for this row only
     ratio: bool = False  # a 1:2 row: report B/A
     pinned: bool = False  # not at the defaults: reported for its ratio only
+    sync: bool = False  # run with the sync workload too (torch)
 
     @property
     def full(self) -> bool:
@@ -68,13 +74,14 @@ class Row:
 THIRD = 100 / 3
 ROWS = (
     Row("p1_two_busy", 1, (Tenant("A", 1, 50), Tenant("B", 1, 50))),
-    Row("p2_1_2", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 2 * THIRD)), ratio=True),
+    Row("p2_1_2", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 2 * THIRD)), ratio=True, sync=True),
     Row("p2_1_2_b_idle", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 0, busy=False))),
     Row("p0_max4", 0, (Tenant("A", 1, 25), Tenant("B", 1, 25)), {"max_inst": "4"}),
     Row("p3_max10_w3_alone", 3, (Tenant("A", 3, 30),), {"max_inst": "10"}),
     Row("p2_3_5_7", 2, (Tenant("A", 3, 20), Tenant("B", 5, 100 / 3), Tenant("C", 7, 700 / 15))),
     Row("p4_b_idle", 4, (Tenant("A", 1, 100), Tenant("B", 2, 0, busy=False))),
-    Row("hp60_beside_normal", 1, (Tenant("H", 1, 60, highprio=True), Tenant("N", 1, 40)), {"prio_ratio": "60"}),
+    Row("hp60_beside_normal", 1, (Tenant("H", 1, 60, highprio=True), Tenant("N", 1, 40)), {"prio_ratio": "60"},
+        sync=True),
     Row("p2_1_2_pinned5", 2, (Tenant("A", 1, THIRD), Tenant("B", 2, 2 * THIRD)), {"slice_ms": "5"},
         ratio=True, pinned=True),
 )
@@ -210,6 +217,11 @@ def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namesp
     share_se = {name: std_error(v) for name, v in by_role.items()}  # pp
     for t in row.tenants:
         shares.setdefault(t.name, 0.0)
+    # each tenant's grant waits over the daemon's last minute, at the row's end (mostly its contended runs: the
+    # runs alone renew an extended lease about once a second); for a high-priority tenant, its preemption delay
+    last = {i["id"]: i for i in gpu.get("instances", [])}
+    waits = {t.name: {k: last[ts.instance(t.name)][k] for k in ("wait_p50_ms", "wait_p99_ms")}
+             for t in row.tenants if ts.instance(t.name) in last}
     out: dict[str, Any] = {
         "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
         "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"],
@@ -221,7 +233,8 @@ def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namesp
                      "error_pp": round(shares[t.name] - t.target, 2),
                      **{f"daemon_{k}": round(100 * books.get(f"{t.name}.{k}", 0.0) / books["span"], 2)
                         for k in ("entitled_pct", "delivered_pct", "error_pp")},
-                     "cycles_pct": [round(x, 1) for x in by_role.get(t.name, [])]} for t in row.tenants],
+                     "cycles_pct": [round(x, 1) for x in by_role.get(t.name, [])],
+                     **waits.get(t.name, {"wait_p50_ms": None, "wait_p99_ms": None})} for t in row.tenants],
         "aggregate_pct": round(sum(shares[t.name] for t in busy), 2),
     }
     if row.ratio:  # the processes swapped weights in as many cycles as not: their own speeds cancel
@@ -265,6 +278,18 @@ def too_noisy(by_role: dict[str, list[float]], log_ratios: list[float]) -> bool:
     return share > TARGETS["max_share_error_pp"] / 2 or ratio > TARGETS["max_ratio_error_pct"] / 2
 
 
+def hp_gap(rows: list[dict[str, Any]]) -> float:
+    """The most the high-priority row's aggregate falls short of the 1:2 row's, measured in the same sitting
+    with the same operations (points; 0 where the run had not both)."""
+    gaps = []
+    for r in rows:
+        if r["row"] == HP_PAIR[0]:
+            for h in rows:
+                if h["row"] == HP_PAIR[1] and (h["size_ms"], h["workload"]) == (r["size_ms"], r["workload"]):
+                    gaps.append(r["aggregate_pct"] - h["aggregate_pct"])
+    return max(gaps, default=0.0)
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     at_defaults = [r for r in rows if not r["pinned"]]
     return {
@@ -274,6 +299,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
                                    default=0.0),
         "pinned5_ratio_error_pct": max((abs(r["ratio"] / 2 - 1) * 100 for r in rows if r["pinned"]),
                                        default=0.0),
+        "hp_aggregate_gap_pp": hp_gap(rows),
     }
 
 
@@ -285,6 +311,11 @@ def noise(rows: list[dict[str, Any]]) -> str:
     pinned = max((r["ratio_se_pct"] for r in rows if r["pinned"]), default=0.0)
     return (f"standard errors over the cycles: share up to {share:.2f} pp, ratio up to {ratio:.2f} % "
             f"(pinned {pinned:.2f} %)")
+
+
+def _waits(t: dict[str, Any]) -> str:
+    p50, p99 = t.get("wait_p50_ms"), t.get("wait_p99_ms")
+    return "" if p50 is None or p99 is None else f"{p50:.0f} / {p99:.0f}"
 
 
 def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
@@ -302,8 +333,42 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
                          f"{t['target_pct']:.1f} | {t['share_pct']:.1f} ± {t['share_se_pp']:.1f} | "
                          f"{t['error_pp']:+.1f} | {agg} | {ratio} | "
                          f"{t['daemon_entitled_pct']:.1f} | {t['daemon_delivered_pct']:.1f} | "
-                         f"{t['daemon_error_pp']:+.1f} | {runs} |")
+                         f"{t['daemon_error_pp']:+.1f} | {_waits(t)} | {runs} |")
     return lines
+
+
+def selected(row: Row, only: str | None) -> bool:
+    """Whether ``--only`` lets ``row`` run: a part that names a row runs that row, any other the rows whose name
+    contains it."""
+    if not only:
+        return True
+    names = {r.name for r in ROWS}
+    return any(part == row.name or (part not in names and part in row.name) for part in only.split(","))
+
+
+def describe(label: str, row: Row, r: dict[str, Any]) -> str:
+    """The line printed as a row ends."""
+    shares = " ".join(f"{t['name']}={t['share_pct']:.1f}/{t['target_pct']:.1f}" for t in r["tenants"])
+    excl = " ".join(f"{t['name']}:{'/'.join(f'{x:.0f}' for x in t['cycles_pct'])}" for t in r["tenants"] if t["busy"])
+    waits = " ".join(f"{t['name']} {_waits(t)}" for t in r["tenants"] if t.get("wait_p50_ms") is not None)
+    return (f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
+            f"{r['handover_ms']:.2f} ms ({r['handover_transit_ms']:.2f} transit + "
+            f"{r['handover_warmup_ms']:.2f} warm-up): {shares} sum {r['aggregate_pct']:.1f}"
+            + (f" ratio {r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r else "")
+            + (f"; grant wait p50 / p99 ms: {waits}" if waits else "")
+            + f" ({r['cycles']} cycles: {excl}" + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")")
+
+
+def control(r: dict[str, Any], matmul: int, ms: float, threads: int) -> str:
+    """The machine's own loss in the turns of a policy-0 row, with no cgpu (duty_control), printed and kept."""
+    on_ms = r["slice_in_force_ms"]
+    blocks = duty_control(matmul, threads, on_ms)
+    r["duty_control_pct"] = [round(x, 2) for x in blocks]
+    loss = (f"{statistics.mean(blocks):+.1f} ± {std_error(blocks):.1f} %" if blocks
+            else "not measured (operations as long as a turn)")
+    turns = f"{on_ms:g} ms turns {3 * on_ms:g} ms apart"
+    print(f"{'':>26} control, no cgpu: {turns} took {loss} per operation against running on", flush=True)
+    return f"torch {ms:g} ms, {turns}: {loss}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,8 +376,12 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--sizes", default="0.5,5", help="operation (or kernel) lengths in ms (default 0.5,5)")
+    p.add_argument("--workloads", default="loop,sync", help="torch workloads (default loop,sync): loop runs "
+                   "every row; sync, whose operations end in a synchronising read (.item()), runs the 1:2 and the "
+                   "high-priority rows")
     p.add_argument("--native", action="store_true", help="C programs through libcgpu.so instead of torch")
-    p.add_argument("--only", help="run only the rows whose name contains this")
+    p.add_argument("--only", help="run only these rows (comma-separated): a name that is a row's runs that row, "
+                   "any other the rows whose name contains it")
     p.add_argument("--cycles", type=int, default=4, help="contended runs per row, each between runs alone")
     p.add_argument("--ratio-cycles", type=int, default=8, help="contended runs of a 1:2 row (a multiple of 4, "
                    "for the ABBA swaps): its ratio is held to the tightest target")
@@ -331,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                    "target after its cycles runs more, up to this many times as many (default 2; 1: never)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
+    workloads = ["loop"] if args.native else args.workloads.split(",")
+    if not set(workloads) <= {"loop", "sync"}:
+        p.error(f"--workloads takes loop and sync, not {args.workloads}")
     for flag, n in (("--ratio-cycles", args.ratio_cycles), ("--pinned-cycles", args.pinned_cycles)):
         if n < 4 or n % 4:
             p.error(f"{flag} must be a multiple of 4 (whole ABBA blocks), not {n}")
@@ -352,45 +424,33 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes.split(","):
         ms = float(size)
         with start_daemon(tmp / f"d-{size}", real_gpu=where is not None and where.real_gpu) as daemon:
-            tenants_of: Callable[[Row], NativeTenants | TorchTenants]
-            if args.native:
-                assert where is not None
-                def native_of(row: Row, ms: float = ms, where: NativeTarget = where) -> NativeTenants:
-                    return NativeTenants(where, daemon, row, ms, tmp)
-                tenants_of = native_of
-                label = f"{ms:g} ms kernels"
-            else:
-                matmul = calibrate(ms, args.threads)
-                def torch_of(row: Row, matmul: int = matmul) -> TorchTenants:
-                    return TorchTenants(daemon, row, matmul, args.threads)
-                tenants_of = torch_of
-                label = f"{ms:g} ms ops (matmul {matmul}, {args.threads} thread{'s' * (args.threads > 1)})"
-            for row in ROWS:
-                if args.only and args.only not in row.name:
-                    continue
-                r = run_row(daemon, tenants_of, row, args)
-                r.update(size_ms=ms, op=label, full=row.full, pinned=row.pinned)
-                rows_out.append(r)
-                shares = " ".join(f"{t['name']}={t['share_pct']:.1f}/{t['target_pct']:.1f}" for t in r["tenants"])
-                excl = " ".join(f"{t['name']}:{'/'.join(f'{x:.0f}' for x in t['cycles_pct'])}"
-                                for t in r["tenants"] if t["busy"])
-                print(f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
-                      f"{r['handover_ms']:.2f} ms ({r['handover_transit_ms']:.2f} transit + "
-                      f"{r['handover_warmup_ms']:.2f} warm-up): {shares} sum {r['aggregate_pct']:.1f}"
-                      + (f" ratio {r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r else "")
-                      + f" ({r['cycles']} cycles: {excl}"
-                      + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")", flush=True)
-                if row.policy == 0 and not args.native:  # in the same spell of the machine as the row
-                    on_ms = r["slice_in_force_ms"]
-                    blocks = duty_control(matmul, args.threads, on_ms)
-                    r["duty_control_pct"] = [round(x, 2) for x in blocks]
-                    loss = (f"{statistics.mean(blocks):+.1f} ± {std_error(blocks):.1f} %" if blocks
-                            else "not measured (operations as long as a turn)")
-                    turns = f"{on_ms:g} ms turns {3 * on_ms:g} ms apart"
-                    controls.append(f"torch {ms:g} ms, {turns}: {loss}")
-                    print(f"{'':>26} control, no cgpu: {turns} took {loss} per operation against running on",
-                          flush=True)
-            lines += table(kind, f"{ms:g} ms", [r for r in rows_out if r["size_ms"] == ms])
+            matmul = 0 if args.native else calibrate(ms, args.threads)
+            for workload in workloads:
+                sync = workload == "sync"
+                tenants_of: Callable[[Row], NativeTenants | TorchTenants]
+                if args.native:
+                    assert where is not None
+                    def native_of(row: Row, ms: float = ms, where: NativeTarget = where) -> NativeTenants:
+                        return NativeTenants(where, daemon, row, ms, tmp)
+                    tenants_of = native_of
+                    label = f"{ms:g} ms kernels"
+                else:
+                    def torch_of(row: Row, matmul: int = matmul, sync: bool = sync) -> TorchTenants:
+                        return TorchTenants(daemon, row, matmul, args.threads, sync)
+                    tenants_of = torch_of
+                    label = (f"{ms:g} ms ops{' + .item()' if sync else ''} (matmul {matmul}, {args.threads} "
+                             f"thread{'s' * (args.threads > 1)})")
+                for row in ROWS:
+                    if not selected(row, args.only) or (sync and not row.sync):
+                        continue
+                    r = run_row(daemon, tenants_of, row, args)
+                    r.update(size_ms=ms, workload=workload, op=label, full=row.full, pinned=row.pinned)
+                    rows_out.append(r)
+                    print(describe(label, row, r), flush=True)
+                    if row.policy == 0 and not args.native:  # in the same spell of the machine as the row
+                        controls.append(control(r, matmul, ms, args.threads))
+                lines += table(kind, f"{ms:g} ms{' sync' if sync else ''}",
+                               [r for r in rows_out if r["size_ms"] == ms and r["workload"] == workload])
     summ = summary(rows_out)
     summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
     ok = all(summ[k] <= v if k != "min_aggregate_pct" else summ[k] >= v for k, v in TARGETS.items())
@@ -415,11 +475,15 @@ def main(argv: list[str] | None = None) -> int:
                 "columns are the daemon's own fairness accounting over the same contended runs (`cgpu-smi`'s "
                 "Entitled/Delivered/Err; in a 1:2 row, where the processes swap weights, by the weight each had): "
                 "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
-                "tenant had demand), in points.", "",
+                "tenant had demand), in points; then each tenant's grant wait over the daemon's last minute at the "
+                "row's end (a high-priority tenant's is its preemption delay). The sync workload ends each "
+                "operation in a synchronising read (`.item()`).", "",
                 "| tenants | row | policy | settings | slice in force / hand-over: transit + warm-up (ms) | tenant | "
                 "target % | "
-                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | runs (again) |",
-                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | "
+                "grant wait p50 / p99 ms | runs (again) |",
+                "| --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                "| ---: |"]
         cmd = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
         if controls:
             lines += ["", "Control, with no cgpu, run right after the p0_max4 row: one torch loop in the bench's "

@@ -195,15 +195,15 @@ class _Tenants:
 
 
 class TorchTenants(_Tenants):
-    def __init__(self, daemon: DaemonProc, row: RowLike, size: int, threads: int) -> None:
+    def __init__(self, daemon: DaemonProc, row: RowLike, size: int, threads: int, sync: bool = False) -> None:
         super().__init__(daemon, row)
-        self.size, self.threads = size, threads
+        self.size, self.threads, self.sync = size, threads, sync
 
     def command(self, t: TenantLike) -> tuple[list[str], dict[str, str]]:
         flags = ["--device", "cpu", "--socket", self.daemon.sock, "--instance", self.instance(t.name),
                  "--weight", str(t.weight), *(["--highprio"] if t.highprio else [])]
         return ([tool("cgpu-run"), *flags, "--", sys.executable, "-m", "bench.fidelity_worker", str(self.size),
-                 str(self.threads)],
+                 str(self.threads), *(["sync"] if self.sync else [])],
                 {"PYTHONPATH": str(ROOT), "GLIBC_TUNABLES": STEADY_MALLOC})
 
 

@@ -140,3 +140,23 @@ def test_rate_counts_the_ends_in_its_window(ends: list[int], t0: int, span: int)
     ends.sort()
     t1 = t0 + span
     assert fidelity.rate(ends, t0, t1) == sum(1 for t in ends if t0 <= t < t1) / (span / 1e9)
+
+
+def test_only_names_rows_exactly_or_by_part() -> None:
+    chosen = [r.name for r in ROWS if fidelity.selected(r, "p2_1_2,hp60")]
+    assert chosen == ["p2_1_2", "hp60_beside_normal"]  # p2_1_2 names a row: not p2_1_2_b_idle nor the pinned one
+    assert [r.name for r in ROWS if fidelity.selected(r, "b_idle")] == ["p2_1_2_b_idle", "p4_b_idle"]
+    assert all(fidelity.selected(r, None) for r in ROWS)
+
+
+def test_the_high_priority_gap_pairs_rows_of_one_size_and_workload() -> None:
+    def row(name: str, size: float, workload: str, agg: float) -> dict[str, object]:
+        return {"row": name, "size_ms": size, "workload": workload, "aggregate_pct": agg}
+
+    rows = [row("p2_1_2", 0.5, "loop", 96.0), row("hp60_beside_normal", 0.5, "loop", 95.5),
+            row("p2_1_2", 0.5, "sync", 96.0), row("hp60_beside_normal", 0.5, "sync", 94.0),
+            row("hp60_beside_normal", 5, "sync", 80.0)]  # no 1:2 row of its own to compare with
+    assert fidelity.hp_gap(rows) == 2.0
+    assert fidelity.hp_gap(rows[:2]) == 0.5
+    assert fidelity.hp_gap(rows[4:]) == 0.0
+    assert {r.name for r in ROWS if r.sync} == set(fidelity.HP_PAIR)

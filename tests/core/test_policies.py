@@ -162,9 +162,10 @@ def test_highprio_keeps_prio_ratio_when_normal_operations_outlast_a_slice(op_ms:
     assert res.pct("N") == pytest.approx(40, abs=TOL)
 
 
-def test_highprio_back_from_idle_brings_at_most_two_slices_of_credit() -> None:
-    """Idle for 1 s beside a busy normal instance, it banks two slices, not 60 % of the second: its
-    first turn is 2 x 5 ms plus 60/40 of the 1 ms the normal holder took to give the GPU back."""
+def test_highprio_back_from_idle_brings_at_most_two_turns_of_credit() -> None:
+    """Idle for 1 s beside a busy normal instance, it banks two of its turns, not 60 % of the second: at
+    prio_ratio 60 a turn is 1.5 slices (the normal turn between two is the slice), so its first turn is
+    2 x 7.5 ms plus 60/40 of the 1 ms the normal holder took to give the GPU back."""
     sched = GpuScheduler(0, GpuSettings(policy=1, prio_ratio=60, slice_ms=5))
     sched.add_instance("N", 1, False, 0)
     sched.add_instance("H", 1, True, 0)
@@ -180,7 +181,7 @@ def test_highprio_back_from_idle_brings_at_most_two_slices_of_credit() -> None:
     effects, _ = sched.release(1, grant.lease, t + NS_PER_MS)
     (first,) = effects
     assert isinstance(first, GrantLease) and first.client == 2
-    assert first.deadline_ns - (t + NS_PER_MS) == 2 * 5 * NS_PER_MS + NS_PER_MS * 60 // 40
+    assert first.deadline_ns - (t + NS_PER_MS) == 2 * 7_500_000 + NS_PER_MS * 60 // 40
 
 
 def test_two_highprio_instances_share_by_policy() -> None:

@@ -190,11 +190,11 @@ def test_a_lone_high_priority_instance_renews_no_more_often_than_a_normal_one(po
     sched = GpuScheduler(0, GpuSettings(policy=policy, slice_ms=5, prio_ratio=60))
     sched.add_instance("H", 1, True, 0)
     sched.add_instance("N", 1, False, 0)
-    (g,) = sched.acquire("H", 1, 0)  # its credit-paid turn first: two slices banked
-    assert g.deadline_ns == 10 * NS_PER_MS
-    (g,) = sched.release(1, g.lease, 10 * NS_PER_MS, again=True)[0]  # then leftover time, extended
+    (g,) = sched.acquire("H", 1, 0)  # its credit-paid turn first: two turns of 1.5 slices banked
+    assert g.deadline_ns == 15 * NS_PER_MS
+    (g,) = sched.release(1, g.lease, 15 * NS_PER_MS, again=True)[0]  # then leftover time, extended
     assert g.deadline_ns >= NS_PER_S
-    assert sched.acquire("N", 2, 12 * NS_PER_MS) == [GrantLease(1, 0, g.lease, 15 * NS_PER_MS, 0)]  # cut to its turn
+    assert sched.acquire("N", 2, 17 * NS_PER_MS) == [GrantLease(1, 0, g.lease, 20 * NS_PER_MS, 0)]  # cut to its turn
 
 
 def test_high_priority_leftover_time_is_not_extended_while_another_high_priority_instance_waits() -> None:

@@ -11,14 +11,24 @@ for a slice it preempts a normal holder by revoke; the policy below never
 sees it then. Under the work-conserving policies (1, 4) an
 instance out of credit may still take time no normal instance wants: that is
 the policy's choice (its candidates), not this class's.
+
+Its preemptions are hand-overs like any other, so they are held to the same
+budget: a cycle of a high-priority turn and the normal turn it preempts is a
+round of two turns in the ratio ``prio_ratio`` : 100 - ``prio_ratio``, and the
+shorter of the two is a whole slice (:meth:`HighPriority.turn_slice_ns`): at
+``prio_ratio`` 60 the high-priority turn is 1.5 slices and the normal one a
+slice, not a slice and two thirds of one. Under ``slice_ms = auto`` that slice
+is cut to fit the cycle in ``latency_target_ms`` as any round is, no shorter
+than ``handover_max_pct`` allows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from arbiterd.core.effects import NS_PER_S, Effect
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect
 from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
+from arbiterd.core.settings import AUTO
 
 WINDOW_NS = NS_PER_S  # the window prio_ratio is kept over: no high-priority turn is longer
 
@@ -37,16 +47,36 @@ class HighPriority:
         instead of scanning every instance)."""
         self.members = tuple(i for i in self.gpu.instances.values() if i.highprio)
 
+    def turn_slice_ns(self) -> int:
+        """The shorter turn of a cycle (the high-priority turn below ``prio_ratio`` 50, the normal one above).
+
+        It is the slice in force, cut as :meth:`Runqueue.round_slice_ns` cuts a round's, to fit the cycle (the
+        shorter turn times 100 / min(r, 100 - r)) in ``latency_target_ms``, no shorter than ``slice_min_ms`` or
+        than ``handover_max_pct`` allows. A pinned slice is not cut.
+        """
+        gpu = self.gpu
+        s = gpu.settings
+        slice_ns = gpu.slice_ns
+        if s.slice_ms == AUTO:
+            fit = s.latency_target_ms * NS_PER_MS * min(s.prio_ratio, 100 - s.prio_ratio) // 100
+            if fit < slice_ns:
+                floor = max(s.slice_min_ms * NS_PER_MS, gpu.handover.shortest_slice_ns(s.handover_max_pct))
+                slice_ns = min(slice_ns, max(floor, fit))
+        return slice_ns
+
+    def threshold(self) -> int:
+        """The credit a high-priority turn starts with: it lasts threshold / (100 - r) and the others' turn
+        before it threshold / r, so the shorter is :meth:`turn_slice_ns`; no turn is longer than a window."""
+        r = self.gpu.settings.prio_ratio
+        return min(max(r, 100 - r) * self.turn_slice_ns(), (100 - r) * WINDOW_NS)
+
     def cap(self) -> int:
-        """Credit banked while no high-priority instance waits: two slices' worth."""
-        return (100 - self.gpu.settings.prio_ratio) * 2 * self.gpu.slice_ns
+        """Credit banked while no high-priority instance waits: two turns' worth."""
+        return 2 * self.threshold()
 
     def owed_cap(self) -> int:
         """Credit banked while one waits on a normal holder: a turn of up to a window."""
-        return (100 - self.gpu.settings.prio_ratio) * max(2 * self.gpu.slice_ns, WINDOW_NS)
-
-    def threshold(self) -> int:
-        return (100 - self.gpu.settings.prio_ratio) * self.gpu.slice_ns
+        return max(self.cap(), (100 - self.gpu.settings.prio_ratio) * WINDOW_NS)
 
     def accrue(self, now: int) -> None:
         dt = now - self.t
