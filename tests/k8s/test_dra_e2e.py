@@ -156,3 +156,59 @@ def test_an_allocation_whose_claim_is_gone_is_cleaned_up(dra: DraNode) -> None:
     assert dra.plugin is not None
     assert dra.plugin.preparer.collect_garbage() == [c["metadata"]["uid"]]
     assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []
+
+
+def share_config(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "ShareConfig", **fields}
+
+
+def test_weights_1_and_2_in_the_claims_give_one_third_and_two_thirds(dra: DraNode) -> None:
+    """Weights in the claim (ShareConfig) are enforced as inst_ctl's: two busy containers of weights 1 and 2 on
+    one card (policy 2, as a weight over 1 makes policy 1) get 33.3 % and 66.7 % (± 2 pp) of its useful time, by
+    the daemon's own accounting over whole rounds, at defaults."""
+    dra.daemon.echo("1", "0/policy")
+    claims = [dra.schedule(claim(f"w{w}", memory="2Gi", config=share_config(weight=w)))
+              for w in (1, 2)]
+    ids = [dra.prepare(c) for c in claims]
+    lines = dra.daemon.cat("alloc_ctl")
+    assert " weight=1 " in lines and " weight=2 " in lines
+    running = [dra.kubelet.start_container(dra.pod_uid(c), i, [sys.executable, PROG, "spin", "12"])
+               for c, i in zip(claims, ids, strict=True)]
+
+    def sample() -> tuple[float, float, dict[str, float], int]:
+        (gpu, *_) = dra.daemon.smi_json()["gpus"]
+        return (time.monotonic(), gpu["slice_effective_ms"], {i["id"]: i["useful_seconds"] for i in gpu["instances"]},
+                gpu["policy"])
+
+    time.sleep(2.0)
+    t0, slice_ms, u0, policy = sample()
+    assert policy == 2
+    ring = 3 * slice_ms / 1000
+    time.sleep(ring * max(1, round(4.0 / ring)))
+    t1, _, u1, _ = sample()
+    for rc in running:
+        code, _, err = rc.wait(60)
+        assert code == 0, err
+    for want, rc in zip((100 / 3, 200 / 3), running, strict=True):
+        cid = rc.cid[:12]
+        share = 100 * (u1[cid] - u0[cid]) / (t1 - t0)
+        assert abs(share - want) <= 2.0, (want, share, slice_ms)
+
+
+def test_high_priority_in_the_claim_makes_a_high_priority_container(dra: DraNode) -> None:
+    """Expects: ShareConfig highPriority with cores: the allocation carries highprio=1 and the 20 % cap, and the
+    container that binds it registers as high priority with weight 4 (20 % of 20 slots)."""
+    c = dra.schedule(claim("hp", memory="1Gi", cores=20, config=share_config(highPriority=True)))
+    ids = dra.prepare(c)
+    assert "core=20 highprio=1" in dra.daemon.cat("alloc_ctl")
+    (gpu,) = run(dra, c, ids, "register")["gpus"]
+    assert gpu["highprio"] in (1, True) and gpu["weight"] == 4
+
+
+def test_a_bad_share_config_fails_prepare_with_one_line_and_creates_nothing(dra: DraNode) -> None:
+    """Expects: weight 0 in the claim's ShareConfig: NodePrepareResources answers the claim's error naming the
+    field, arbiterd holds no allocation and no CDI spec is written."""
+    c = dra.schedule(claim("bad", memory="1Gi", config=share_config(weight=0)))
+    with pytest.raises(PrepareFailed, match=r"weight must be an integer 1\.\.25, got 0"):
+        dra.prepare(c)
+    assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []
