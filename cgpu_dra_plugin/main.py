@@ -23,7 +23,7 @@ _HELP = {
     "state_dir": "host dir of checkpoint.json and the allocations' tokens (root only)",
     "alloc_mount": "where containers see token dirs; arbiterd's alloc_mount must match",
     "cdi_dir": "where the container runtime reads CDI specs",
-    "kubeconfig": "kubeconfig file (default: in-cluster, else ~/.kube/config)",
+    "kubeconfig": "kubeconfig file; without it, the pod's service account, else ~/.kube/config",
     "server": "the API server's URL, bypassing any kubeconfig",
     "poll_interval_s": "seconds between reads of arbiterd's status",
     "gc_interval_s": "seconds between checks of prepared claims against the API server",
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         kind = float if isinstance(default, float) else str
         p.add_argument(flag, type=kind, default=default if f.name != "node_name" else os.environ.get("NODE_NAME"),
                        help=f"{_HELP[f.name]} (default {default!r})" if f.name != "node_name" else _HELP[f.name])
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="what to log (default 'info')")
     p.add_argument("--version", action="version", version=f"cgpu-dra-plugin {__version__}")
     return p
 
