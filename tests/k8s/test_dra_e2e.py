@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,3 +213,33 @@ def test_a_bad_share_config_fails_prepare_with_one_line_and_creates_nothing(dra:
     with pytest.raises(PrepareFailed, match=r"weight must be an integer 1\.\.25, got 0"):
         dra.prepare(c)
     assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []
+
+
+def test_a_prepare_sent_while_the_plugin_restarts_is_retried_until_it_is_back(dra: DraNode) -> None:
+    """Expects: with the plugin stopped (its sockets gone) the kubelet's prepare fails and is retried; once the
+    plugin is back and registered again the retry succeeds, with one allocation in arbiterd."""
+    c = dra.schedule(claim("late", memory="2Gi", cores=5))
+    dra.stop_plugin()
+    dra.kubelet.retries, dra.kubelet.retry_delay_s = 200, 0.05
+    restarter = threading.Timer(1.0, dra.start_plugin)
+    restarter.start()
+    try:
+        ids = dra.prepare(c)
+    finally:
+        restarter.join()
+    assert ids == [f"{DRIVER}/claim={c['metadata']['uid']}-gpu-0"]
+    assert [a["memsize"] for a in dra.daemon.status()["allocations"]] == [[2 * GIB]]
+    assert sum(1 for rpc, _ in dra.kubelet.calls if rpc == "GetInfo") >= 2
+
+
+def test_a_deleted_registration_socket_is_served_again(dra: DraNode) -> None:
+    """Expects: the plugin notices its registration socket is gone and serves a new one, which the kubelet's
+    watcher registers."""
+    sock = dra.root / "registry" / f"{DRIVER}-reg.sock"
+    sock.unlink()
+    end = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert sock.exists()
+    dra.kubelet.restart()
+    assert DRIVER in dra.kubelet.plugins
