@@ -185,7 +185,7 @@ def test_weights_1_and_2_in_the_claims_give_one_third_and_two_thirds(dra: DraNod
     t0, slice_ms, u0, policy = sample()
     assert policy == 2
     ring = 3 * slice_ms / 1000
-    time.sleep(ring * max(1, round(4.0 / ring)))
+    time.sleep(ring * max(1, round(6.0 / ring)))  # a whole number of rounds, about 6 s
     t1, _, u1, _ = sample()
     for rc in running:
         code, _, err = rc.wait(60)
