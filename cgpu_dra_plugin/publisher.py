@@ -61,7 +61,10 @@ class Publisher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.step(time.monotonic())
+            try:
+                self.step(time.monotonic())
+            except Exception:  # a bug must not stop the slice's updates: say it, and poll again
+                log.exception("publishing the ResourceSlice failed; trying again at the next poll")
             self._wake.wait(self.cfg.poll_interval_s)
             self._wake.clear()
 

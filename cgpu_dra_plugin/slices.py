@@ -92,8 +92,9 @@ def device(gpu: Gpu) -> dict[str, Any]:
         "attributes": attrs,
         "capacity": {
             "memory": {"value": f"{gpu.gib}Gi",
-                       "requestPolicy": {"default": "1Gi",
-                                         "validRange": {"min": "1Gi", "max": f"{gpu.gib}Gi", "step": "1Gi"}}},
+                       "requestPolicy": {"default": "1Gi", "validRange": {
+                           "min": "1Gi", "max": f"{gpu.gib}Gi",
+                           **({"step": "1Gi"} if gpu.gib >= 2 else {})}}},  # the API wants min + step <= value
             "cores": {"value": str(CORE_TOTAL),
                       "requestPolicy": {"default": "0",
                                         "validRange": {"min": "0", "max": str(CORE_TOTAL), "step": str(CORE_STEP)}}},
@@ -111,6 +112,6 @@ def resource_slice(node: str, driver: str, gpus: Sequence[Gpu], generation: int)
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [device(g) for g in gpus],
+            "devices": [device(g) for g in gpus if g.gib >= 1],  # a card under 1 GiB has nothing to share
         },
     }

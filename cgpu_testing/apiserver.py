@@ -8,7 +8,8 @@ paths of the real API (``/apis/resource.k8s.io/v1/resourceslices[/NAME]``,
 and ``creationTimestamp`` as the real one does.
 
 Every object written through HTTP is checked against the upstream OpenAPI schema of
-Kubernetes 1.34 (``kubernetes-validate``, strict: unknown fields fail); an invalid one is
+Kubernetes 1.34 (``kubernetes-validate``, strict: unknown fields fail) and a ResourceSlice's
+capacity request policies against the API server's own rules; an invalid one is
 refused with 422 and kept in :attr:`FakeApiServer.invalid`, so a test can assert the plugin
 never wrote one. Tests reach the store directly too (:meth:`put`, :meth:`get`, :meth:`delete`).
 """
@@ -40,6 +41,37 @@ def validate(obj: dict[str, Any], version: str = SCHEMA_VERSION) -> str | None:
         kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         return f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}: {exc.message} at {list(exc.path)}"
+    return _request_policies(obj)
+
+
+def _request_policies(obj: dict[str, Any]) -> str | None:
+    """What the API server's own validation says of a ResourceSlice's capacity request policies, beyond the
+    schema: kubernetes/kubernetes pkg/apis/resource/validation/validation.go, validateRequestPolicyRange and
+    validateRequestPolicyRangeStep (min required and at most the value; default within min..max; max at most the
+    value; min + step at most the value; default and max a whole number of steps from min)."""
+    from cgpu_dra_plugin.quantity import parse
+
+    if obj.get("kind") != "ResourceSlice":
+        return None
+    for dev in obj.get("spec", {}).get("devices") or []:
+        for name, cap in (dev.get("capacity") or {}).items():
+            rng = (cap.get("requestPolicy") or {}).get("validRange")
+            if rng is None:
+                continue
+            where = f"device {dev['name']} capacity {name}"
+            value, default = parse(cap["value"]), parse(cap["requestPolicy"].get("default", "0"))
+            if "min" not in rng:
+                return f"{where}: validRange.min is required"
+            lo = parse(rng["min"])
+            hi = parse(rng["max"]) if "max" in rng else None
+            if lo > value or default < lo or (hi is not None and (lo > hi or hi > value or default > hi)):
+                return f"{where}: min, max and default must satisfy min <= default <= max <= value"
+            if "step" in rng:
+                step = parse(rng["step"])
+                if lo + step > value:
+                    return f"{where}: one step {lo + step} is larger than the capacity value {value}"
+                if (default - lo) % step or (hi is not None and (hi - lo) % step):
+                    return f"{where}: default and max must be a multiple of step from min"
     return None
 
 

@@ -52,10 +52,13 @@ class DraNode:
             setattr(cfg, k, v)
         return cfg
 
-    def start_plugin(self, **overrides: Any) -> Plugin:
-        """Start the plugin; return once the kubelet registered it and its slice is on the API server."""
+    def start_plugin(self, wait: bool = True, **overrides: Any) -> Plugin:
+        """Start the plugin; with ``wait``, return once the kubelet registered it and its slice is on the API
+        server (without, the kubelet is not touched: another thread may be using it)."""
         self.plugin = Plugin(self.config(**overrides))
         self.plugin.start()
+        if not wait:
+            return self.plugin
         self.kubelet.wait_registered(DRIVER)
         self.wait_slice(lambda s: bool(s["spec"]["devices"]))
         return self.plugin

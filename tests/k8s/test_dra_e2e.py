@@ -221,7 +221,7 @@ def test_a_prepare_sent_while_the_plugin_restarts_is_retried_until_it_is_back(dr
     c = dra.schedule(claim("late", memory="2Gi", cores=5))
     dra.stop_plugin()
     dra.kubelet.retries, dra.kubelet.retry_delay_s = 200, 0.05
-    restarter = threading.Timer(1.0, dra.start_plugin)
+    restarter = threading.Timer(1.0, dra.start_plugin, kwargs={"wait": False})
     restarter.start()
     try:
         ids = dra.prepare(c)

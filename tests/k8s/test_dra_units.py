@@ -137,3 +137,32 @@ def test_a_claim_that_cannot_be_prepared_here_says_why() -> None:
     del c["status"]
     with pytest.raises(BadClaim, match="not allocated"):
         grants(c, DRIVER, "n1")
+
+
+@pytest.mark.parametrize("gib", [1, 2, 15, 80])
+def test_a_slice_of_any_card_size_passes_the_api_servers_request_policy_rules(gib: int) -> None:
+    s = resource_slice("n1", DRIVER, [Gpu(0, "GPU-a", "x", gib * GIB + 123, 1)], 1)
+    assert validate(s) is None
+    assert resource_slice("n1", DRIVER, [Gpu(0, "GPU-a", "x", GIB - 1, 1)], 1)["spec"]["devices"] == []
+
+
+def test_the_fake_api_server_refuses_what_the_real_one_would() -> None:
+    """An unknown field fails the schema (422, recorded); a step past the capacity fails the policy rules."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from cgpu_testing.apiserver import FakeApiServer
+
+    good = resource_slice("n1", DRIVER, GPUS, 1)
+    bad_field = {**good, "spec": {**good["spec"], "bogus": 1}}
+    bad_step = json.loads(json.dumps(good))
+    bad_step["spec"]["devices"][0]["capacity"]["cores"]["requestPolicy"]["validRange"]["step"] = "7"
+    assert validate(bad_step) is not None and "multiple of step" in str(validate(bad_step))
+    with FakeApiServer() as api:
+        req = urllib.request.Request(f"{api.url}/apis/resource.k8s.io/v1/resourceslices", method="POST",
+                                     data=json.dumps(bad_field).encode(), headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=10)
+        assert exc.value.code == 422 and len(api.invalid) == 1 and "bogus" in api.invalid[0]
+        assert api.list("resourceslices") == []
