@@ -243,3 +243,35 @@ def test_a_deleted_registration_socket_is_served_again(dra: DraNode) -> None:
     assert sock.exists()
     dra.kubelet.restart()
     assert DRIVER in dra.kubelet.plugins
+
+
+def test_a_card_that_appears_or_disappears_reaches_the_slice(dra: DraNode) -> None:
+    """Expects: arbiterd restarted with a third GPU: the slice lists gpu-0..gpu-2 at the next poll, with a higher
+    pool generation; restarted with one GPU, the slice lists gpu-0 alone."""
+    (before,) = dra.slices()
+    flags = list(dra.daemon.args)
+    grown = [f if f != "2x16GiB" else "3x16GiB" for f in flags]
+    dra.daemon.restart(*grown, forget=True)
+    three = dra.wait_slice(lambda s: len(s["spec"]["devices"]) == 3)
+    assert three["spec"]["pool"]["generation"] > before["spec"]["pool"]["generation"]
+    dra.daemon.restart(*[f if f != "2x16GiB" else "1x16GiB" for f in flags], forget=True)
+    one = dra.wait_slice(lambda s: [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"])
+    assert one["spec"]["pool"]["generation"] > three["spec"]["pool"]["generation"]
+
+
+def test_a_claim_of_two_requests_gets_two_devices_and_two_allocations(dra: DraNode) -> None:
+    """Expects: requests of 12Gi and 8Gi cannot share a 16 GiB card: the scheduler model puts them on gpu-0 and
+    gpu-1; prepare returns one CDI device per card and arbiterd holds one allocation on each."""
+    c = claim("pair", memory="12Gi")
+    second = json.loads(json.dumps(c["spec"]["devices"]["requests"][0]))
+    second["name"] = "second"
+    second["exactly"]["capacity"]["requests"]["memory"] = "8Gi"
+    c["spec"]["devices"]["requests"].append(second)
+    stored = dra.schedule(c)
+    assert [r["device"] for r in stored["status"]["allocation"]["devices"]["results"]] == ["gpu-0", "gpu-1"]
+    uid = stored["metadata"]["uid"]
+    assert dra.prepare(stored) == [f"{DRIVER}/claim={uid}-gpu-0", f"{DRIVER}/claim={uid}-gpu-1"]
+    held = sorted((a["gpus"], a["memsize"]) for a in dra.daemon.status()["allocations"])
+    assert held == [([0], [12 * GIB]), ([1], [8 * GIB])]
+    dra.unprepare(stored)
+    assert dra.daemon.status()["allocations"] == []

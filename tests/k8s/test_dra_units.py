@@ -166,3 +166,14 @@ def test_the_fake_api_server_refuses_what_the_real_one_would() -> None:
             urllib.request.urlopen(req, timeout=10)
         assert exc.value.code == 422 and len(api.invalid) == 1 and "bogus" in api.invalid[0]
         assert api.list("resourceslices") == []
+
+
+def test_the_command_line_refuses_a_missing_node_name_and_a_bad_interval_with_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cgpu_dra_plugin.main import main
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main([]) == 2
+    assert capsys.readouterr().err.strip().endswith("(the DaemonSet sets it from spec.nodeName)")
+    assert main(["--node-name", "n1", "--poll-interval-s", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "cgpu-dra-plugin: --poll-interval-s must be 0.01..3600 seconds"
