@@ -80,8 +80,8 @@ class Preparer:
 
     def _remove(self, d: Prepared) -> None:
         try:
-            self.admin.remove_allocation(d.alloc_id)
-        except Unreachable as exc:
+            self.admin.remove_allocation(d.alloc_id)  # False (404): arbiterd no longer had it, as wanted
+        except (Unreachable, Refused) as exc:
             raise PrepareError(f"cannot remove allocation {d.alloc_id} from arbiterd: {exc}") from None
         self.checkpoint.remove_dir(d.alloc_id)
 

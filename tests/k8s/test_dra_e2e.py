@@ -275,3 +275,18 @@ def test_a_claim_of_two_requests_gets_two_devices_and_two_allocations(dra: DraNo
     assert held == [([0], [12 * GIB]), ([1], [8 * GIB])]
     dra.unprepare(stored)
     assert dra.daemon.status()["allocations"] == []
+
+
+def test_unprepare_while_arbiterd_is_down_fails_and_a_retry_after_it_is_back_frees_the_claim(dra: DraNode) -> None:
+    """Expects: with arbiterd stopped, NodeUnprepareResources answers the claim's error (the kubelet retries) and
+    keeps the record; once arbiterd is back the retry removes the allocation, the token dir and the CDI spec."""
+    c = dra.schedule(claim("keep", memory="1Gi"))
+    dra.prepare(c)
+    dra.daemon.stop()
+    with pytest.raises(PrepareFailed, match="cannot remove allocation dra-"):
+        dra.unprepare(c)
+    assert dra.plugin is not None and [r.uid for r in dra.plugin.preparer.prepared()] == [c["metadata"]["uid"]]
+    dra.daemon.start()
+    dra.unprepare(c)
+    assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []
+    assert not any(p.name.startswith("dra-") for p in (dra.root / "state").iterdir())
