@@ -165,8 +165,9 @@ def share_config(**fields: Any) -> dict[str, Any]:
 
 def test_weights_1_and_2_in_the_claims_give_one_third_and_two_thirds(dra: DraNode) -> None:
     """Weights in the claim (ShareConfig) are enforced as inst_ctl's: two busy containers of weights 1 and 2 on
-    one card (policy 2, as a weight over 1 makes policy 1) get 33.3 % and 66.7 % (± 2 pp) of its useful time, by
-    the daemon's own accounting over whole rounds, at defaults."""
+    one card (policy 2, as a weight over 1 makes policy 1) get 33.3 % and 66.7 % (± 2 pp) of the useful time the
+    card delivered to them, by the daemon's own accounting over whole rounds, at defaults; together they kept the
+    card busy more than half the time (so both really ran; CPU contention on a shared test machine costs some)."""
     dra.daemon.echo("1", "0/policy")
     claims = [dra.schedule(claim(f"w{w}", memory="2Gi", config=share_config(weight=w)))
               for w in (1, 2)]
@@ -190,9 +191,10 @@ def test_weights_1_and_2_in_the_claims_give_one_third_and_two_thirds(dra: DraNod
     for rc in running:
         code, _, err = rc.wait(60)
         assert code == 0, err
-    for want, rc in zip((100 / 3, 200 / 3), running, strict=True):
-        cid = rc.cid[:12]
-        share = 100 * (u1[cid] - u0[cid]) / (t1 - t0)
+    useful = [u1[rc.cid[:12]] - u0[rc.cid[:12]] for rc in running]
+    assert sum(useful) / (t1 - t0) > 0.5, (useful, t1 - t0)
+    for want, got in zip((100 / 3, 200 / 3), useful, strict=True):
+        share = 100 * got / sum(useful)
         assert abs(share - want) <= 2.0, (want, share, slice_ms)
 
 
