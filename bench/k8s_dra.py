@@ -27,6 +27,7 @@ from typing import Any
 
 from bench.common import percentile
 from cgpu_device_plugin.admin import AdminClient
+from cgpu_dra_plugin.quantity import parse
 from cgpu_testing.dra import DraNode
 from cgpu_testing.drakubelet import PrepareFailed
 from cgpu_testing.drasched import Unschedulable, claim, consumed_so_far
@@ -64,8 +65,8 @@ def _free(node: DraNode) -> list[tuple[int, int]]:
     out = []
     for d in s["spec"]["devices"]:
         mine = next((u for k, u in used.items() if k.device == d["name"]), {})
-        out.append((int(d["capacity"]["memory"]["value"][:-2]) * GIB - mine.get("memory", 0),
-                    100 - mine.get("cores", 0)))
+        out.append((parse(d["capacity"]["memory"]["value"]) - mine.get("memory", 0),
+                    parse(d["capacity"]["cores"]["value"]) - mine.get("cores", 0)))
     return out
 
 
