@@ -30,8 +30,9 @@ class BuildSharedLibrary(build_ext):
 
 setup(
     # generated from the tools' parsers by docgen/manpages.py (a test keeps them current)
-    data_files=[("share/man/man8", ["man/arbiterd.8", "man/cgpuctl.8", "man/cgpu-device-plugin.8"]),
-                ("share/man/man1", ["man/cgpu-smi.1", "man/cgpu-run.1"])],
+    data_files=[("share/man/man8", ["man/arbiterd.8", "man/cgpuctl.8", "man/cgpu-device-plugin.8",
+                                   "man/cgpu-dra-plugin.8"]),
+                ("share/man/man1", ["man/cgpu-smi.1", "man/cgpu-run.1", "man/kubectl-inspect-cgpu.1"])],
     ext_modules=[
         Extension(
             "libcgpu_client.native.libcgpu",

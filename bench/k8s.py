@@ -1,6 +1,6 @@
 """Pods arriving and leaving through a fake kubelet on an 8-GPU node, under binpack and under spread.
 
-    python -m bench.k8s [--json] [--pods 200] [--seed 7] [--no-results]
+    python -m bench.k8s [--json] [--pods 200] [--seed 7] [--dra] [--no-results]
 
 One event sequence (fixed seed) of ``--pods`` arrivals, each pod asking for GPU memory
 and/or a core percentage of random sizes and leaving after a random number of arrivals,
@@ -18,6 +18,11 @@ when it binds). That is fragmentation. Pods the node had no room for are counted
 arbiterd runs at its defaults plus ``--allocations required`` (``--identity cgroup`` with the
 fake kubelet's /proc). The output ends with
 ``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x>``.
+
+``--dra`` replays the same arrivals through the DRA plugin as well (:mod:`bench.k8s_dra`) and
+prints both side by side, ending with ``dra_pods=<n> dra_split=<n> dra_refused_with_room=<n>
+dra_overcommits=<n> plugin_split=<n> prepare_p99_ms=<x>`` (plugin: the binpack run, the
+plugin's default); it writes the section ``k8s-dra`` of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.common import percentile
+from bench.k8s_dra import DraRun, replay_dra
 from cgpu_device_plugin.admin import AdminClient
 from cgpu_testing.k8s import Node, node_daemon
 from cgpu_testing.kubelet import CORE, MEM, AdmissionError, Pod
@@ -73,6 +79,7 @@ class Run:
     refused: int = 0  # fragmentation: admission failed though the node had room in total
     split: int = 0  # memory and core on different cards: refused at bind
     split_no_card: int = 0  # of those, pods no single card had room for
+    refused_no_card: int = 0  # of the refused, pods no single card had room for
     spanned: int = 0  # memory over more than one card
     overcommits: int = 0
     allocate_ms: list[float] = field(default_factory=list)
@@ -81,6 +88,11 @@ class Run:
     @property
     def cannot_run(self) -> int:
         return self.refused + self.split
+
+    @property
+    def refused_with_room(self) -> int:
+        """Pods that could not run although one card had room for all of them."""
+        return self.cannot_run - self.split_no_card - self.refused_no_card
 
 
 def cards(pod: Pod, resource: str) -> set[str]:
@@ -137,6 +149,7 @@ def arrive(node: Node, a: Arrival, live: dict[str, tuple[Arrival, Pod]], uuids: 
             run.no_room += 1
         else:
             run.refused += 1
+            run.refused_no_card += not one_card
             key = str(exc).split(": ", 2)[-1][:60]
             run.reasons[key] = run.reasons.get(key, 0) + 1
         return
@@ -155,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document before the summary line")
     parser.add_argument("--pods", type=int, default=200, help="pod arrivals (default 200)")
     parser.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
+    parser.add_argument("--dra", action="store_true",
+                        help="also replay the arrivals through the DRA plugin and compare (section k8s-dra)")
     parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -163,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bk-", dir="/tmp"))  # short: UNIX socket paths
     try:
         runs = [replay(p, arrivals, tmp / p) for p in ("binpack", "spread")]
+        dra = replay_dra(arrivals, tmp / "dra", GPUS, GIB_PER_GPU) if args.dra else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if dra is not None:
+        return report_dra(args, argv, runs, dra)
     all_ms = [ms for r in runs for ms in r.allocate_ms]
     p99 = percentile(all_ms, 0.99)
     header = (f"{'placement':9} {'pods':>5} {'admitted':>8} {'no room':>7} {'refused':>7} {'split':>5} "
@@ -199,6 +217,48 @@ def main(argv: list[str] | None = None) -> int:
         results.update("k8s", cmd.strip(), body)
     print(summary)
     return 0 if overcommits == 0 else 1
+
+
+def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run], dra: DraRun) -> int:
+    """Print (and record) the DRA run beside the device plugin's runs; exit 1 on any overcommit."""
+    header = (f"{'path':18} {'pods':>5} {'running':>7} {'split':>5} {'refused with room':>17} {'no card':>7} "
+              f"{'no room':>7} {'overcommits':>11} {'p50 ms':>7} {'p99 ms':>7}")
+    rows = [f"{'plugin ' + r.placement:18} {r.pods:5d} {r.admitted - r.split:7d} {r.split:5d} "
+            f"{r.refused_with_room:17d} {r.split_no_card + r.refused_no_card:7d} {r.no_room:7d} "
+            f"{r.overcommits:11d} {statistics.median(r.allocate_ms or [0]):7.2f} "
+            f"{percentile(r.allocate_ms, 0.99):7.2f}" for r in runs]
+    rows.append(f"{'DRA':18} {dra.pods:5d} {dra.admitted - dra.split:7d} {dra.split:5d} {dra.refused_with_room:17d} "
+                f"{dra.no_card:7d} {dra.no_room:7d} {dra.overcommits:11d} {dra.p50:7.2f} {dra.p99:7.2f}")
+    note = ("running: admitted and not split; split: memory and cores on different cards (arbiterd refuses the "
+            "container at bind); refused with room: not running though one card had room for all of it; no card: "
+            "not running, room on the node in total but on no single card; p50/p99: kubelet-side Allocate "
+            "(plugin) or NodePrepareResources (DRA) latency against the real arbiterd")
+    summary = (f"dra_pods={dra.pods} dra_split={dra.split} dra_refused_with_room={dra.refused_with_room} "
+               f"dra_overcommits={dra.overcommits} plugin_split={runs[0].split} prepare_p99_ms={dra.p99:.2f}")
+    if args.json:
+        print(json.dumps({"arbiter": "arbiterd", "seed": args.seed, "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
+                          "plugin": [{"placement": r.placement, "pods": r.pods, "admitted": r.admitted,
+                                      "split": r.split, "refused_with_room": r.refused_with_room,
+                                      "cannot_run": r.cannot_run, "overcommits": r.overcommits,
+                                      "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs],
+                          "dra": {**{k: v for k, v in asdict(dra).items() if k != "prepare_ms"},
+                                  "prepare_p50_ms": round(dra.p50, 3), "prepare_p99_ms": round(dra.p99, 3)}},
+                         indent=2))
+    print(header)
+    print("\n".join(rows))
+    print(note)
+    if not args.no_results:
+        from bench import results
+
+        cmd = "python -m bench.k8s " + " ".join(argv if argv is not None else sys.argv[1:])
+        body = (f"{dra.pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, the same sequence through "
+                "the device plugin (binpack, spread) and through DRA (the DRA plugin, a model of kube-scheduler's "
+                "allocator with consumable capacity: first device that fits). arbiterd at its defaults plus "
+                "`--allocations required`; a DRA pod naming no memory consumes the 1Gi default.\n\n```\n"
+                f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
+        results.update("k8s-dra", cmd.strip(), body)
+    print(summary)
+    return 0 if dra.overcommits == 0 and all(r.overcommits == 0 for r in runs) else 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
     python -m docgen.manpages man/
 
-writes ``arbiterd.8``, ``cgpuctl.8``, ``cgpu-smi.1``, ``cgpu-run.1`` and ``cgpu-device-plugin.8``. The
+writes ``arbiterd.8``, ``cgpuctl.8``, ``cgpu-smi.1``, ``cgpu-run.1``, ``cgpu-device-plugin.8``,
+``cgpu-dra-plugin.8`` and ``kubectl-inspect-cgpu.1``. The
 pages are committed under ``man/`` and installed with the package; a test
 regenerates them and compares, so they cannot drift from the code.
 """
@@ -18,7 +19,8 @@ from pathlib import Path
 from arbiterd import __version__
 from docgen.reference import Entry, tree_files
 
-SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1), ("cgpu-device-plugin", 8))
+SEE_ALSO = (("arbiterd", 8), ("cgpuctl", 8), ("cgpu-smi", 1), ("cgpu-run", 1), ("cgpu-device-plugin", 8),
+            ("cgpu-dra-plugin", 8), ("kubectl-inspect-cgpu", 1))
 DATE = "2026-11"  # changes with the version, not with every build, so the pages are reproducible
 
 
@@ -174,6 +176,36 @@ def _plugin_extra() -> str:
                     "to its container."))
 
 
+def _dra_extra() -> str:
+    return (".SH CAPACITY\n" + _table([("memory", "bytes of the card, requested in whole GiB (default 1Gi)"),
+                                       ("cores", "percent of the card's time, 0..100 in steps of 5 (default 0)")])
+            + ".SH FILES\n" + _table([("/var/lib/kubelet/plugins_registry/gpu.cgpu.io-reg.sock",
+                                       "the registration socket the kubelet's plugin watcher finds"),
+                                      ("/var/lib/kubelet/plugins/gpu.cgpu.io/dra.sock",
+                                       "the DRAPlugin service (v1 and v1beta1)"),
+                                      ("/var/lib/cgpu/dra", "checkpoint.json and allocation tokens (root only)"),
+                                      ("/var/run/cdi", "one CDI spec per prepared claim")])
+            + _para("See docs/kubernetes.md for the claims, the ShareConfig and when to use DRA or the device "
+                    "plugin."))
+
+
+def _inspect_extra() -> str:
+    return ".SH EXIT STATUS\n" + _table([("0", "success"), ("1", "the API server refused"),
+                                         ("3", "the API server is unreachable, or no kubeconfig")])
+
+
+def _dra_parser() -> argparse.ArgumentParser:
+    from cgpu_dra_plugin.main import build_parser
+
+    return build_parser()
+
+
+def _inspect_parser() -> argparse.ArgumentParser:
+    from cgpu_dra_plugin.kubectl import build_parser
+
+    return build_parser()
+
+
 def _plugin_parser() -> argparse.ArgumentParser:
     from cgpu_device_plugin.main import build_parser
 
@@ -212,6 +244,10 @@ PAGES = (
     Page("cgpu-run", 1, "run a program under the cgpu interposer", _run_parser, _run_extra),
     Page("cgpu-device-plugin", 8, "sell GPU memory and GPU-core percentages to Kubernetes pods",
          _plugin_parser, _plugin_extra),
+    Page("cgpu-dra-plugin", 8, "place pods' GPU memory and cores on one card through Kubernetes DRA",
+         _dra_parser, _dra_extra),
+    Page("kubectl-inspect-cgpu", 1, "show cgpu's GPUs in a cluster: memory and cores allocated per card",
+         _inspect_parser, _inspect_extra),
 )
 
 

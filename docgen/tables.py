@@ -5,7 +5,7 @@
 
 Each table stands in its document between ``<!-- BEGIN name ... -->`` and
 ``<!-- END name -->``; the text around it is the document's own. The flags and
-keys of ``arbiterd`` and ``cgpu-device-plugin`` and the files of the settings
+keys of ``arbiterd``, ``cgpu-device-plugin`` and ``cgpu-dra-plugin`` and the files of the settings
 tree are all tables here, so a name, a range or a default written in a
 document is the one the code checks; a test fails when a committed table is
 not what this writes.
@@ -75,6 +75,21 @@ def plugin_flags() -> str:
     return _table(["key (flag)", "value", "default", "meaning"], _option_rows(entries, key_first=True))
 
 
+def dra_plugin_flags() -> str:
+    """cgpu-dra-plugin's flags, from its parser (it has no config file: the DaemonSet passes flags)."""
+    from cgpu_dra_plugin.main import build_parser
+
+    rows = []
+    for a in build_parser()._actions:
+        if not a.option_strings or a.dest in ("help", "version"):
+            continue
+        flag = a.option_strings[-1] + (f" {a.metavar or a.dest.upper()}" if a.nargs != 0 and not a.choices else "")
+        value = "one of " + ", ".join(map(str, a.choices)) if a.choices else "seconds" if a.type is float else "—"
+        default = "$NODE_NAME" if a.dest == "node_name" else "" if a.default is None else str(a.default)
+        rows.append([_code(flag), _text(value), _code(default), _text((a.help or "").split(" (default")[0])])
+    return _table(["flag", "value", "default", "meaning"], rows)
+
+
 def _tree_rows(prefix: str, strip: bool) -> list[list[str]]:
     rows = []
     for e in tree_files():
@@ -109,6 +124,7 @@ TABLES = (
     Table("docs/behaviour.md", "tree-gpu", tree_part("N/")),
     Table("docs/behaviour.md", "tree-instance", tree_part("N/ID/")),
     Table("docs/kubernetes.md", "plugin-flags", plugin_flags),
+    Table("docs/kubernetes.md", "dra-plugin-flags", dra_plugin_flags),
 )
 
 

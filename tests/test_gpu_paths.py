@@ -44,6 +44,8 @@ def fake_pynvml(count: int = 2, fail_init: bool = False, raw_bytes: bool = False
     mod.nvmlDeviceGetName = lambda h: enc("NVIDIA A10")  # type: ignore[attr-defined]
     mod.nvmlDeviceGetUUID = lambda h: enc(f"GPU-0000000{h[1]}-aaaa-bbbb-cccc-dddddddddddd")  # type: ignore[attr-defined]
     mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=24 * 1024**3, free=1, used=2)  # type: ignore[attr-defined]
+    mod.nvmlSystemGetDriverVersion = lambda: enc("550.54.15")  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCudaComputeCapability = lambda h: (8, 6)  # type: ignore[attr-defined]
     mod.state = state  # type: ignore[attr-defined]
     return mod
 
@@ -56,6 +58,7 @@ def test_nvml_discovery(monkeypatch: pytest.MonkeyPatch, raw_bytes: bool) -> Non
     assert [(g.index, g.name, g.total_mem, g.simulated) for g in gpus] == [
         (0, "NVIDIA A10", 24 * 1024**3, False), (1, "NVIDIA A10", 24 * 1024**3, False)]
     assert gpus[1].uuid.startswith("GPU-00000001")
+    assert (gpus[0].driver_version, gpus[0].compute_capability) == ("550.54.15", "8.6")
     assert mod.state["init"] == 0  # shut down again
 
 

@@ -37,6 +37,8 @@ class Allocation:
     core: int = 0  # percent of each of its GPUs
     bound: str | None = None  # the instance (container) it is bound to
     pod: str | None = None  # that container's pod UID, when it has one
+    weight: int = 0  # the container's weight on its GPU(s) (policies 2 and 4); 0: the default
+    highprio: bool = False  # the container is high priority
 
     def mem_on(self, gpu: int) -> int:
         return sum(m for g, m in zip(self.gpus, self.memsize, strict=True) if g == gpu)
@@ -44,11 +46,12 @@ class Allocation:
     def line(self) -> str:
         """The ``alloc_ctl`` listing line."""
         return (f"{self.id} gpu={','.join(map(str, self.gpus))} memsize={','.join(map(str, self.memsize))} "
-                f"core={self.core} bound={self.bound or '-'}")
+                f"core={self.core}{f' weight={self.weight}' if self.weight else ''}"
+                f"{' highprio=1' if self.highprio else ''} bound={self.bound or '-'}")
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "gpus": list(self.gpus), "memsize": list(self.memsize), "core": self.core,
-                "bound": self.bound}
+                "weight": self.weight, "highprio": int(self.highprio), "bound": self.bound}
 
 
 def valid_digest(text: object) -> str:
@@ -132,4 +135,5 @@ class AllocationBook:
             raise SettingError("memsize or core out of range")
         self.create(Allocation(valid_alloc_id(item["id"]), valid_digest(item["token"]), gpus, memsize,
                                int(item["core"]), valid_instance_id(bound) if bound is not None else None,
-                               str(pod) if pod is not None else None), totals)
+                               str(pod) if pod is not None else None, int(item.get("weight", 0)),
+                               bool(item.get("highprio", 0))), totals)

@@ -1,12 +1,14 @@
 """``alloc_ctl``: creating and removing allocations through the settings tree.
 
-    create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P]
+    create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] [highprio=0|1]
     remove ID
 
 ``token`` is the SHA-256 (hex) of the token the container will hold; ``memsize``
 is per GPU (the last repeats); ``core`` a percentage of each GPU, a multiple
-of 5. At least one of ``memsize`` and ``core``. A create that would overcommit
-a card's memory or core, or whose id or token exists, is refused (409).
+of 5. At least one of ``memsize`` and ``core``. ``weight`` (1..max_inst, for policies 2 and 4)
+and ``highprio`` are the container's scheduling settings, enforced as ``inst_ctl``'s are (a DRA claim's
+ShareConfig carries them); ``weight`` and ``core`` exclude each other, as in ``inst_ctl``.
+A create that would overcommit a card's memory or core, or whose id or token exists, is refused (409).
 Removing a bound allocation re-provisions its container. Reading the file
 lists the allocations, one a line:
 ``ID gpu=0 memsize=BYTES core=P bound=<container|->``.
@@ -25,9 +27,9 @@ from arbiterd.core.instctl import parse_gpus
 from arbiterd.core.names import valid_alloc_id
 from arbiterd.core.settings import INSTANCE, parse_size
 
-USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P]' "
-         "or 'remove ID'")
-_CREATE_KEYS = ("token", "gpu", "memsize", "core")
+USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] "
+         "[highprio=0|1]' or 'remove ID'")
+_CREATE_KEYS = ("token", "gpu", "memsize", "core", "weight", "highprio")
 
 
 def listing(arb: Arbiter) -> str:
@@ -60,7 +62,16 @@ def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Alloca
         raise SettingError("alloc_ctl create: give memsize= or core= (or both)")
     if core and len(gpus) > 1:
         raise SettingError("alloc_ctl create: core= is a percentage of one GPU; give one gpu=")
-    return Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core), {g: arb.gpus[g].total_mem for g in gpus}
+    if core and "weight" in opts:
+        raise SettingError("alloc_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
+    weight = INSTANCE["weight"].parse(opts["weight"]) if "weight" in opts else 0
+    highprio = INSTANCE["highprio"].parse(opts["highprio"]) if "highprio" in opts else 0
+    for gpu in gpus if weight else ():
+        if weight > arb.scheds[gpu].settings.max_inst:
+            raise SettingError(f"alloc_ctl create: weight={weight} is over GPU {gpu}'s max_inst "
+                               f"{arb.scheds[gpu].settings.max_inst}")
+    return (Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core, weight=weight, highprio=bool(highprio)),
+            {g: arb.gpus[g].total_mem for g in gpus})
 
 
 def run(arb: Arbiter, command: str, now: int) -> list[Effect]:

@@ -14,7 +14,8 @@ never does I/O). :func:`bind` then decides:
   is refused (processes outside containers are the host's, and pass).
 
 A bound container's instance records are provisioned from its allocations
-(memory per GPU; a core percentage as weight P/5), so its environment changes
+(memory per GPU; a core percentage as weight P/5;
+an allocation's weight and high priority as they are), so its environment changes
 nothing. :func:`reprovision` keeps them in step when allocations come and go.
 """
 
@@ -59,11 +60,16 @@ def settings_of(allocs: Iterable[Allocation]) -> dict[int, InstanceSettings]:
     """Per GPU, the instance settings that ``allocs`` add up to."""
     mem: dict[int, int] = defaultdict(int)
     core: dict[int, int] = defaultdict(int)
+    weight: dict[int, int] = defaultdict(int)
+    highprio: dict[int, int] = defaultdict(int)
     for a in allocs:
         for gpu, m in zip(a.gpus, a.memsize, strict=True):
             mem[gpu] += m
             core[gpu] += a.core
-    return {gpu: InstanceSettings(core_percent=core[gpu], memsize=mem[gpu]) for gpu in sorted(mem)}
+            weight[gpu] += a.weight
+            highprio[gpu] |= int(a.highprio)
+    return {gpu: InstanceSettings(weight=weight[gpu] or 1, highprio=highprio[gpu], core_percent=core[gpu],
+                                  memsize=mem[gpu]) for gpu in sorted(mem)}
 
 
 def in_use(arb: Arbiter, instance: str) -> bool:

@@ -16,6 +16,8 @@ class GpuInfo:
     uuid: str
     total_mem: int
     simulated: bool = False
+    driver_version: str = ""  # NVML's; empty for a simulated GPU
+    compute_capability: str = ""  # "8.6"; empty for a simulated GPU
 
 
 @dataclass(slots=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+from typing import Any
 
 from arbiterd.core.arbiter import GpuInfo
 from arbiterd.core.errors import SettingError
@@ -34,6 +36,16 @@ def parse_sim_gpus(spec: str) -> list[GpuInfo]:
     return gpus
 
 
+def _optional(pynvml: Any, query: Callable[[], object]) -> str:
+    """A descriptive NVML query (driver version, compute capability) as text; empty where this NVML lacks it."""
+    try:
+        value = query()
+    except pynvml.NVMLError as exc:
+        log.info("NVML: %s; the GPUs' attributes leave it out", exc)
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def nvml_gpus() -> list[GpuInfo] | None:
     """Every GPU NVML reports, or None when NVML (libnvidia-ml) is not available."""
     try:
@@ -48,16 +60,20 @@ def nvml_gpus() -> list[GpuInfo] | None:
         return None
     try:
         gpus = []
+        driver = _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
             uuid = pynvml.nvmlDeviceGetUUID(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            cc = _optional(pynvml, lambda: ".".join(map(str, pynvml.nvmlDeviceGetCudaComputeCapability(h))))  # noqa: B023
             gpus.append(GpuInfo(
                 i,
                 name.decode() if isinstance(name, bytes) else str(name),
                 uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                 int(mem.total),
+                driver_version=driver,
+                compute_capability=cc,
             ))
         return gpus
     finally:

@@ -146,6 +146,8 @@ class GpuStatus:
     fairness_error_pp: dict[str, float | None]  # the largest |error| among instances with demand
     alloc_mem: int  # bytes held by allocations (alloc_ctl)
     alloc_core: int  # percent held by allocations
+    driver_version: str  # NVML's driver version; empty for a simulated GPU
+    compute_capability: str  # "8.6"; empty for a simulated GPU
     instances: list[InstanceStatus] = field(default_factory=list)
 
 
@@ -219,7 +221,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             sched.slice_ns / 1e6, sched.rq.round_ns / 1e6, sched.handover.expected / 1e6, transit / 1e6, warmup / 1e6,
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
             dict(sched.stats.revoked), sched.stats.overruns, worst,
-            arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index), insts,
+            arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index), g.driver_version,
+            g.compute_capability, insts,
         )
         out.append(gs)
     return DaemonStatus(__version__, os.getpid(), round(time.time() - started_at, 3), describe(), clients,

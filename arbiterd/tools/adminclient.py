@@ -118,13 +118,17 @@ class AdminClient:
         return doc
 
     def create_allocation(self, alloc_id: str, token_sha256: str, gpus: Sequence[int],
-                          memsize: Sequence[int] = (), core: int = 0) -> None:
+                          memsize: Sequence[int] = (), core: int = 0, weight: int = 0, highprio: bool = False) -> None:
         """``alloc_ctl create``; raise Refused (409: it would overcommit, or the id exists)."""
         body = f"create {alloc_id} token={token_sha256} gpu={','.join(str(g) for g in gpus)}"
         if memsize:
             body += f" memsize={','.join(str(m) for m in memsize)}"
         if core:
             body += f" core={core}"
+        if weight:
+            body += f" weight={weight}"
+        if highprio:
+            body += " highprio=1"
         self.request("PUT", ALLOC_CTL, body)
 
     def remove_allocation(self, alloc_id: str) -> bool:

@@ -82,6 +82,9 @@ def test_multi_gpu_memory_repeats_the_last_size() -> None:
     (f"create x token={sha('ta')} gpu=1 memsize=1GiB", ConflictError, "same token"),
     (f"create x token={sha('n')} gpu=1 size=1", SettingError, "unexpected"),
     ("create ../x token=1 gpu=0", SettingError, "invalid allocation id"),
+    (f"create x token={sha('n')} gpu=0 core=10 weight=2", SettingError, "not both"),
+    (f"create x token={sha('n')} gpu=0 memsize=1GiB weight=26", SettingError, "weight"),
+    (f"create x token={sha('n')} gpu=0 memsize=1GiB highprio=2", SettingError, "highprio"),
     ("remove nope", NotFoundError, "no allocation"),
     ("remove mem-a now", SettingError, "only an id"),
     ("drop mem-a", SettingError, "expected 'create"),
@@ -196,6 +199,24 @@ def test_a_bind_refused_for_weight_is_refused_by_its_check_before_anything_chang
     binding.check(a, who("aaa", "c"))  # room now: the check passes, and the bind does what it checked
     bound = binding.bind(a, who("aaa", "c"), 0)
     assert bound is not None and a.allocations.get("c").bound == "aaa"
+
+
+def test_an_allocations_weight_and_high_priority_are_its_containers_settings() -> None:
+    """A DRA claim's ShareConfig reaches arbiterd as ``weight=`` and ``highprio=``: two containers bound to
+    weights 1 and 2 on one card get weights 1 and 2 (policy 1 turns to 2, as with ``inst_ctl``), the second high
+    priority, whatever they claim; both survive the state file."""
+    a = make()
+    ctl(a, f"create w1 token={sha('w1')} gpu=0 memsize=2GiB weight=1")
+    ctl(a, f"create w2 token={sha('w2')} gpu=0 memsize=2GiB weight=2 highprio=1")
+    assert "w2 gpu=0 memsize=2147483648 core=0 weight=2 highprio=1 bound=-" in tree.read(a, "alloc_ctl", 0)
+    register(a, 1, who("aaa", "w1"), weight=9)
+    register(a, 2, who("bbb", "w2", pod=POD_B), weight=9)
+    got = {n: (i.weight, i.highprio) for n, i in a.scheds[0].instances.items()}
+    assert got == {"aaa": (1, False), "bbb": (2, True)}
+    assert a.scheds[0].settings.policy == 2
+    fresh = make()
+    assert snapshot.restore(fresh, snapshot.take(a), 0) == []
+    assert (fresh.allocations.get("w2").weight, fresh.allocations.get("w2").highprio) == (2, True)
 
 
 def test_allocations_and_their_binding_survive_the_state_file(arb: Arbiter) -> None:

@@ -35,7 +35,7 @@ def test_unit_files_verify_with_the_man_pages_the_package_installs(short_tmp: Pa
         pages = [n for n in z.namelist() if "/data/share/man/" in n]
         z.extractall(short_tmp / "installed", members=pages)
     assert {Path(n).name for n in pages} == {"arbiterd.8", "cgpuctl.8", "cgpu-smi.1", "cgpu-run.1",
-                                             "cgpu-device-plugin.8"}
+                                             "cgpu-device-plugin.8", "cgpu-dra-plugin.8", "kubectl-inspect-cgpu.1"}
     manpath = next((short_tmp / "installed").glob("*.data/data/share/man"))
     names = ["cgpu-arbiterd.service", "cgpu-arbiterd.socket", "cgpu-arbiterd-admin.socket"]
     for name in names:

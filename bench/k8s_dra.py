@@ -1,0 +1,133 @@
+"""bench.k8s's DRA run: the same arrivals and departures through the DRA plugin and the scheduler model.
+
+A fresh arbiterd (``--sim-gpus 8x16GiB``, allocations required), the fake API server, the DRA
+plugin in this process publishing the node's ResourceSlice, the fake DRA kubelet, and the
+model of kube-scheduler's allocator (cgpu_testing/drasched.py: first device that fits, consumed
+capacity rounded by the request policy, never past a capacity). Each pod is one ResourceClaim
+asking one device with ``capacity.requests`` ``memory`` (GiB) and ``cores`` (percent); a pod
+that names no memory consumes the device's default, 1 GiB. Allocated, it is prepared through
+``NodePrepareResources`` (timed, kubelet side); leaving, unprepared and deleted.
+
+What is counted for each pod, as for the device plugin's runs (:mod:`bench.k8s`):
+``split``: its memory and cores on different cards (arbiterd's allocations of the claim);
+``refused with room``: not running although one card had room for all of it;
+``no card``: not running, with room on the node in total but on no single card (the device
+plugin spans memory over cards there; one DRA device cannot); ``no room``: not even in total.
+After every event, a card whose allocated memory or cores pass its total, in arbiterd's status
+or in the claims' consumed capacity, counts as an overcommit.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import percentile
+from cgpu_device_plugin.admin import AdminClient
+from cgpu_dra_plugin.quantity import parse
+from cgpu_testing.dra import DraNode
+from cgpu_testing.drakubelet import PrepareFailed
+from cgpu_testing.drasched import Unschedulable, claim, consumed_so_far
+from cgpu_testing.k8s import node_daemon
+
+log = logging.getLogger("bench.k8s")
+GIB = 1 << 30
+
+
+@dataclass
+class DraRun:
+    pods: int = 0
+    admitted: int = 0
+    no_room: int = 0
+    no_card: int = 0
+    refused_with_room: int = 0
+    split: int = 0
+    overcommits: int = 0
+    prepare_ms: list[float] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.prepare_ms or [0.0])
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.prepare_ms, 0.99)
+
+
+def _free(node: DraNode) -> list[tuple[int, int]]:
+    """Per device: (free memory bytes, free cores), from the slice and the allocated claims."""
+    (s,) = node.slices()
+    used = consumed_so_far(node.api.list("resourceclaims"))
+    out = []
+    for d in s["spec"]["devices"]:
+        mine = next((u for k, u in used.items() if k.device == d["name"]), {})
+        out.append((parse(d["capacity"]["memory"]["value"]) - mine.get("memory", 0),
+                    parse(d["capacity"]["cores"]["value"]) - mine.get("cores", 0)))
+    return out
+
+
+def _overcommitted(node: DraNode, admin: AdminClient) -> int:
+    daemon = sum(1 for c in admin.node().cards if c.alloc_mem > c.total_mem or c.alloc_core > 100)
+    claims = sum(1 for mem, core in _free(node) if mem < 0 or core < 0)
+    return daemon + claims
+
+
+def replay_dra(arrivals: list[Any], root: Path, gpus: int, gib_per_gpu: int) -> DraRun:
+    """The arrivals (bench.k8s.Arrival) on a fresh DRA node."""
+    root.mkdir(parents=True)
+    run = DraRun()
+    with node_daemon(root / "d", f"{gpus}x{gib_per_gpu}GiB") as daemon:
+        node = DraNode(root, daemon)
+        try:
+            node.start_plugin(poll_interval_s=0.2)
+            admin = node.admin()
+            live: dict[str, tuple[Any, dict[str, Any]]] = {}
+            for a in arrivals:
+                for name, (b, c) in sorted(live.items()):
+                    if b.leaves_at <= a.step:
+                        node.delete(c)
+                        del live[name]
+                        run.overcommits += _overcommitted(node, admin)
+                _arrive(node, admin, a, live, run)
+                run.overcommits += _overcommitted(node, admin)
+            run.prepare_ms = [s * 1000 for s in node.kubelet.prepare_seconds]
+        finally:
+            node.close()
+    return run
+
+
+def _arrive(node: DraNode, admin: AdminClient, a: Any, live: dict[str, tuple[Any, dict[str, Any]]],
+            run: DraRun) -> None:
+    run.pods += 1
+    mem = (a.mem or 1) * GIB  # a claim naming no memory consumes the default, 1Gi
+    free = _free(node)
+    one_card = any(m >= mem and c >= a.core for m, c in free)
+    in_total = sum(max(m, 0) for m, _ in free) >= mem and sum(max(c, 0) for _, c in free) >= a.core
+    want = claim(a.name.replace("_", "-"), memory=f"{a.mem}Gi" if a.mem else None, cores=a.core or None)
+    try:
+        c = node.schedule(want)
+        node.prepare(c)
+    except (Unschedulable, PrepareFailed) as exc:
+        if isinstance(exc, PrepareFailed):
+            stored = node.api.get("resourceclaims", want["metadata"]["name"], "default")
+            if stored is not None:
+                node.delete(stored)
+        if one_card:
+            run.refused_with_room += 1
+            key = str(exc)[:60]
+            run.reasons[key] = run.reasons.get(key, 0) + 1
+        elif in_total:
+            run.no_card += 1
+        else:
+            run.no_room += 1
+        return
+    run.admitted += 1
+    live[a.name] = (a, c)
+    uid = c["metadata"]["uid"]
+    assert node.plugin is not None
+    gpus = {d.gpu for r in node.plugin.preparer.prepared() if r.uid == uid for d in r.devices}
+    run.split += len(gpus) > 1

@@ -1,0 +1,95 @@
+"""What an allocated ResourceClaim gives this driver on this node: devices, consumed capacity, ShareConfig.
+
+Reads ``status.allocation.devices`` of a ``resource.k8s.io/v1`` ResourceClaim: each result of
+this driver in this node's pool is one :class:`Grant`; its ``consumedCapacity`` (written by
+kube-scheduler for a device with ``allowMultipleAllocations``) is what the container gets, and
+the last ``config`` entry of this driver that applies to its request (class configs come first,
+then the claim's, as the scheduler copies them) is its ShareConfig. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cgpu_dra_plugin import shareconfig
+from cgpu_dra_plugin.quantity import BadQuantity, parse
+from cgpu_dra_plugin.shareconfig import ShareConfig
+
+
+class BadClaim(ValueError):
+    """The claim cannot be prepared on this node; the message is one line, for the pod's events."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    request: str
+    pool: str
+    device: str
+    memory: int  # bytes consumed
+    cores: int  # percent consumed
+    share_id: str
+    config: ShareConfig
+
+
+def _consumed(result: Mapping[str, Any], driver: str, name: str) -> int:
+    caps = result.get("consumedCapacity") or {}
+    for key in (name, f"{driver}/{name}"):
+        if key in caps:
+            try:
+                return parse(caps[key])
+            except BadQuantity as exc:
+                raise BadClaim(f"device {result.get('device')}: consumedCapacity {key}: {exc}") from None
+    return 0
+
+
+def _config_for(configs: list[Any], driver: str, request: str) -> ShareConfig:
+    chosen = shareconfig.DEFAULT
+    for entry in configs:
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        requests = entry.get("requests") or []
+        if requests and request not in requests and request.split("/", 1)[0] not in requests:
+            continue
+        try:
+            chosen = shareconfig.parse(opaque.get("parameters"))
+        except shareconfig.BadShareConfig as exc:
+            raise BadClaim(str(exc)) from None
+    return chosen
+
+
+def grants(claim: Mapping[str, Any], driver: str, pool: str) -> list[Grant]:
+    """This driver's devices in ``pool`` that ``claim`` was allocated; raise BadClaim when it is not allocated
+    or a device, capacity or config is unusable."""
+    meta = claim.get("metadata") or {}
+    where = f"claim {meta.get('namespace')}/{meta.get('name')}"
+    devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    results = devices.get("results")
+    if not results:
+        raise BadClaim(f"{where} is not allocated (no status.allocation.devices.results)")
+    configs = list(devices.get("config") or [])
+    out = []
+    for r in results:
+        if r.get("driver") != driver:
+            continue
+        if r.get("pool") != pool:
+            raise BadClaim(f"{where}: device {r.get('device')} is in pool {r.get('pool')!r}, not this node's "
+                           f"({pool!r})")
+        request = str(r.get("request", ""))
+        cfg = _config_for(configs, driver, request)
+        memory, cores = _consumed(r, driver, "memory"), _consumed(r, driver, "cores")
+        if memory <= 0:
+            raise BadClaim(f"{where}: device {r.get('device')} has no consumed memory; this driver's devices "
+                           "need the DRAConsumableCapacity feature (consumedCapacity in the claim's status)")
+        if cores % 5 or not 0 <= cores <= 100:
+            raise BadClaim(f"{where}: device {r.get('device')}: cores {cores} is not a multiple of 5 in 0..100")
+        if cfg.weight and cores and cfg.enforce_cores:
+            raise BadClaim(f"{where}: ShareConfig weight {cfg.weight} and a cores cap of {cores} exclude each "
+                           "other; set limits: MemoryOnly, or ask no cores")
+        out.append(Grant(request, str(r["pool"]), str(r.get("device", "")), memory, cores,
+                         str(r.get("shareID", "")), cfg))
+    if not out:
+        raise BadClaim(f"{where} has no device of driver {driver}")
+    return out

@@ -1,0 +1,217 @@
+"""Preparing and unpreparing claims: arbiterd allocations, token directories, CDI specs, the checkpoint.
+
+How this works
+--------------
+Every call holds one lock. ``prepare`` of a claim already in the checkpoint answers from it
+(the kubelet retries, and calls again after its own restart). Otherwise it reads the claim from
+the API server, takes this driver's devices in this node's pool (:mod:`claims`), records them
+in the checkpoint, makes each token, and only then asks arbiterd to create each allocation
+(``alloc_ctl create``, id derived from the claim: a retry names the same one, and an allocation
+arbiterd already holds is not created twice); if arbiterd refuses, what was made is undone and
+the kubelet gets arbiterd's one-line reason. Then the CDI spec is written.
+
+``unprepare`` removes the allocations, the token dirs, the CDI spec and the record; a claim it
+does not know is already unprepared. ``resync`` runs whenever arbiterd (re)appears: recorded
+allocations it lacks are created again with the same token, and ``dra-`` allocations nobody
+recorded are removed. ``collect_garbage`` unprepares claims that are gone from the API server
+(deleted, or deallocated) though the kubelet never said so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from cgpu_device_plugin.admin import AdminClient, Refused, Unreachable
+from cgpu_device_plugin.node import NodeView, StatusError
+from cgpu_dra_plugin import cdi
+from cgpu_dra_plugin.checkpoint import ALLOC_ID, Checkpoint, ClaimRecord, Prepared, alloc_id
+from cgpu_dra_plugin.claims import BadClaim, grants
+from cgpu_dra_plugin.config import Config
+from cgpu_dra_plugin.kubeapi import ApiException, KubeApi
+from cgpu_dra_plugin.quantity import GIB
+from cgpu_dra_plugin.slices import gpu_index
+
+log = logging.getLogger("cgpu_dra_plugin.prepare")
+
+
+class PrepareError(Exception):
+    """A claim cannot be prepared; the message is one line (the kubelet puts it in the pod's events)."""
+
+
+def _describe(d: Prepared) -> str:
+    what = f"{d.memory // GIB} GiB"
+    if d.cores:
+        what += f", {d.cores} % cores" + ("" if d.enforce_cores else " (reserved, not a cap)")
+    if d.weight:
+        what += f", weight {d.weight}"
+    if d.high_priority:
+        what += ", high priority"
+    return f"GPU {d.gpu} ({d.device}): {what}"
+
+
+class Preparer:
+    def __init__(self, cfg: Config, admin: AdminClient, kube: KubeApi, checkpoint: Checkpoint) -> None:
+        self.cfg = cfg
+        self.admin = admin
+        self.kube = kube
+        self.checkpoint = checkpoint
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ helpers
+    def _node(self) -> NodeView:
+        try:
+            return self.admin.node()
+        except (Unreachable, StatusError) as exc:
+            raise PrepareError(str(exc)) from None
+
+    def _spec(self, rec: ClaimRecord, node: NodeView | None) -> None:
+        totals = {c.index: c.total_mem for c in node.cards} if node else {}
+        cdi.write(self.cfg.cdi_dir, rec.uid, cdi.spec(rec.uid, [(d, totals.get(d.gpu, d.memory)) for d in rec.devices],
+                                                       self.cfg.socket_dir, self.cfg.libcgpu, self.cfg.state_dir,
+                                                       self.cfg.alloc_mount))
+
+    def _create(self, d: Prepared) -> None:
+        digest = self.checkpoint.token(d.alloc_id)
+        self.admin.create_allocation(d.alloc_id, digest, [d.gpu], [d.memory], d.cores if d.enforce_cores else 0,
+                                     d.weight, d.high_priority)
+
+    def _remove(self, d: Prepared) -> None:
+        try:
+            self.admin.remove_allocation(d.alloc_id)  # False (404): arbiterd no longer had it, as wanted
+        except (Unreachable, Refused) as exc:
+            raise PrepareError(f"cannot remove allocation {d.alloc_id} from arbiterd: {exc}") from None
+        self.checkpoint.remove_dir(d.alloc_id)
+
+    # ------------------------------------------------------------ NodePrepareResources
+    def prepare(self, namespace: str, uid: str, name: str) -> list[Prepared]:
+        """The prepared devices of claim ``namespace/name`` (``uid``); raise PrepareError with a one-line reason."""
+        with self._lock:
+            rec = self.checkpoint.claims.get(uid)
+            if rec is not None:
+                if not cdi.spec_path(self.cfg.cdi_dir, uid).exists():
+                    self._spec(rec, None if not rec.devices else self._node())
+                return list(rec.devices)
+            return self._prepare_new(namespace, uid, name)
+
+    def _prepare_new(self, namespace: str, uid: str, name: str) -> list[Prepared]:
+        where = f"claim {namespace}/{name}"
+        try:
+            claim = self.kube.get_claim(namespace, name)
+        except (ApiException, OSError, ValueError) as exc:
+            raise PrepareError(f"{where}: cannot read it from the API server: {exc}") from None
+        if claim is None:
+            raise PrepareError(f"{where} does not exist")
+        if claim.get("metadata", {}).get("uid") != uid:
+            raise PrepareError(f"{where} has UID {claim.get('metadata', {}).get('uid')}, not {uid}")
+        try:
+            mine = grants(claim, self.cfg.driver, self.cfg.node_name)
+        except BadClaim as exc:
+            raise PrepareError(str(exc)) from None
+        node = self._node()
+        cards = {c.index: c for c in node.cards}
+        devices = []
+        for g in mine:
+            try:
+                index = gpu_index(g.device)
+            except ValueError as exc:
+                raise PrepareError(f"{where}: {exc}") from None
+            card = cards.get(index)
+            if card is None:
+                raise PrepareError(f"{where}: device {g.device} is not on this node any more (arbiterd has no "
+                                   f"GPU {index})")
+            devices.append(Prepared(alloc_id(uid, g.request, g.device), g.request, g.pool, g.device, index, card.uuid,
+                                    g.memory, g.cores, g.config.enforce_cores, g.config.weight,
+                                    g.config.high_priority, cdi.cdi_id(uid, g.device)))
+        rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time())
+        try:
+            self.checkpoint.put(rec)
+        except OSError as exc:
+            raise PrepareError(f"{where}: cannot write the checkpoint under {self.cfg.state_dir}: {exc}") from None
+        held = {a.id for a in node.allocations}
+        made: list[Prepared] = []
+        try:
+            for d in devices:
+                if d.alloc_id not in held:
+                    self._create(d)
+                made.append(d)
+            self._spec(rec, node)
+        except (Refused, Unreachable, OSError) as exc:
+            for d in made:
+                try:
+                    self._remove(d)
+                except PrepareError as undo:
+                    log.error("claim %s: could not undo allocation %s (%s); resync removes it", where, d.alloc_id,
+                              undo)
+            for d in devices:
+                self.checkpoint.remove_dir(d.alloc_id)
+            self.checkpoint.drop(uid)
+            raise PrepareError(f"{where}: arbiterd refused it: {exc}") from None
+        for d in devices:
+            log.info("claim %s (%s): allocation %s on %s", where, uid, d.alloc_id, _describe(d))
+        return devices
+
+    # ------------------------------------------------------------ NodeUnprepareResources
+    def unprepare(self, uid: str) -> None:
+        """Undo what prepare did for claim ``uid`` (nothing, if it is not prepared); raise PrepareError."""
+        with self._lock:
+            self._unprepare(uid, "the kubelet unprepared it")
+
+    def _unprepare(self, uid: str, why: str) -> None:
+        rec = self.checkpoint.claims.get(uid)
+        if rec is not None:
+            for d in rec.devices:
+                self._remove(d)
+            self.checkpoint.drop(uid)
+            log.info("claim %s/%s (%s): allocations %s removed: %s", rec.namespace, rec.name, uid,
+                     ", ".join(d.alloc_id for d in rec.devices), why)
+        cdi.remove(self.cfg.cdi_dir, uid)
+
+    # ------------------------------------------------------------ keeping arbiterd, disk and API server in step
+    def recover(self) -> None:
+        """At start: delete token directories that no record owns."""
+        with self._lock:
+            for alloc in self.checkpoint.stray_dirs():
+                self.checkpoint.remove_dir(alloc)
+                log.warning("allocation %s: removed its token directory, which no claim record owned", alloc)
+
+    def resync(self, node: NodeView) -> None:
+        """Make arbiterd hold exactly the recorded ``dra-`` allocations (raises Unreachable if it goes away)."""
+        with self._lock:
+            held = {a.id for a in node.allocations}
+            for rec in self.checkpoint.claims.values():
+                for d in rec.devices:
+                    if d.alloc_id in held:
+                        continue
+                    try:
+                        self._create(d)
+                        log.info("allocation %s (GPU %d, claim %s/%s): created again in arbiterd, which did not "
+                                 "have it", d.alloc_id, d.gpu, rec.namespace, rec.name)
+                    except Refused as exc:
+                        log.error("allocation %s (GPU %d, claim %s/%s): arbiterd refuses to create it again: %s",
+                                  d.alloc_id, d.gpu, rec.namespace, rec.name, exc)
+            known = self.checkpoint.alloc_ids()
+            for a in node.allocations:
+                if ALLOC_ID.fullmatch(a.id) and a.id not in known:
+                    self.admin.remove_allocation(a.id)
+                    log.warning("allocation %s (GPU %s): arbiterd held it but no prepared claim names it; removed",
+                                a.id, ",".join(map(str, a.gpus)))
+
+    def collect_garbage(self) -> list[str]:
+        """Unprepare claims the API server no longer has (or no longer allocates here); their UIDs."""
+        with self._lock:
+            gone = []
+            for rec in list(self.checkpoint.claims.values()):
+                claim = self.kube.get_claim(rec.namespace, rec.name)
+                alive = (claim is not None and claim.get("metadata", {}).get("uid") == rec.uid
+                         and bool(((claim.get("status") or {}).get("allocation") or {}).get("devices")))
+                if not alive:
+                    self._unprepare(rec.uid, "its claim is gone from the API server")
+                    gone.append(rec.uid)
+            return gone
+
+    def prepared(self) -> Sequence[ClaimRecord]:
+        with self._lock:
+            return list(self.checkpoint.claims.values())

@@ -1,0 +1,100 @@
+"""deploy/kubernetes/dra: every manifest validates against the Kubernetes schemas of 1.34 to 1.37, the RBAC is
+exactly what the plugin calls, and the example claims are placed by the scheduler model and prepared as meant."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cgpu_dra_plugin import DRIVER, shareconfig
+from cgpu_dra_plugin.claims import grants
+from cgpu_dra_plugin.main import build_parser
+from cgpu_dra_plugin.slices import Gpu, resource_slice
+from cgpu_testing.drasched import allocate
+from cgpu_testing.tools import ROOT
+
+DEPLOY = ROOT / "deploy" / "kubernetes" / "dra"
+VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate (test extra)")
+GIB = 1 << 30
+
+
+def documents() -> list[tuple[Path, dict[str, Any]]]:
+    docs = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        docs += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in documents() if d["kind"] == kind]
+
+
+def test_the_manifests_are_there() -> None:
+    kinds = sorted({d["kind"] for _, d in documents()})
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "Pod",
+                     "ResourceClaimTemplate", "ServiceAccount"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(("path", "doc"), documents(),
+                         ids=lambda v: v.name if isinstance(v, Path) else f"{v['kind']}-{v['metadata']['name']}")
+def test_every_manifest_validates_against_the_kubernetes_schema(path: Path, doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_rbac_grants_exactly_what_the_plugin_calls() -> None:
+    """cgpu_dra_plugin.kubeapi: slices read (get, list), created, replaced (update), deleted; claims read."""
+    (role,) = of_kind("ClusterRole")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in role["rules"]}
+    assert rules == {(("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "get", "list", "update"],
+                     (("resource.k8s.io",), ("resourceclaims",)): ["get"]}
+    (binding,) = of_kind("ClusterRoleBinding")
+    (sa,) = of_kind("ServiceAccount")
+    (ds,) = of_kind("DaemonSet")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_the_plugin_command_parses_and_agrees_with_arbiterd() -> None:
+    (ds,) = of_kind("DaemonSet")
+    (plugin,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "dra-plugin"]
+    args = build_parser().parse_args([*plugin["command"][1:], "--node-name", "n1"])
+    (cm,) = of_kind("ConfigMap")
+    arbiterd = tomllib.loads(cm["data"]["arbiterd.toml"])
+    assert args.alloc_mount == arbiterd["alloc_mount"] and args.admin_socket == f"{arbiterd['run_dir']}/admin.sock"
+    mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
+    assert {args.registry_dir, args.plugin_dir, args.cdi_dir, args.state_dir, args.socket_dir} <= mounts
+    (dc,) = of_kind("DeviceClass")
+    assert dc["metadata"]["name"] == DRIVER and DRIVER in dc["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_the_example_claims_are_placed_on_one_card_and_carry_their_share_config() -> None:
+    """Each example file's claims, allocated by the scheduler model on an empty node of two 16 GiB cards: memory
+    alone takes 4Gi and no cores; memory with cores 4Gi and 30; the weight pair share GPU 0, weights 1 and 2."""
+    got = {}
+    for path in sorted(DEPLOY.glob("example-*.yaml")):
+        slices = [resource_slice("n1", DRIVER, [Gpu(i, f"GPU-{i}", "A10", 16 * GIB, 1) for i in range(2)], 1)]
+        done: list[dict[str, Any]] = []
+        for t in (d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ResourceClaimTemplate"):
+            c = {"metadata": {"name": t["metadata"]["name"], "namespace": "default", "uid": t["metadata"]["name"]},
+                 "spec": t["spec"]["spec"]}
+            c["status"] = {"allocation": allocate(c, slices, done, {DRIVER: DRIVER}, "n1")}
+            done.append(c)
+            (g,) = grants(c, DRIVER, "n1")
+            got[t["metadata"]["name"]] = (g.device, g.memory // GIB, g.cores, g.config.weight)
+    assert got == {"gpu-4gi": ("gpu-0", 4, 0, 0), "gpu-4gi-30": ("gpu-0", 4, 30, 0),
+                   "gpu-weight-1": ("gpu-0", 6, 0, 1), "gpu-weight-2": ("gpu-0", 6, 0, 2)}
+    for t in of_kind("ResourceClaimTemplate"):
+        for cfg in t["spec"]["spec"]["devices"].get("config", []):
+            assert shareconfig.parse(cfg["opaque"]["parameters"]).weight in (1, 2)
+    templates = {t["metadata"]["name"] for t in of_kind("ResourceClaimTemplate")}
+    for pod in of_kind("Pod"):
+        (rc,) = pod["spec"]["resourceClaims"]
+        assert rc["resourceClaimTemplateName"] in templates
+        assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": rc["name"]}]
