@@ -6,8 +6,9 @@ Every call holds one lock. ``prepare`` of a claim already in the checkpoint answ
 (the kubelet retries, and calls again after its own restart). Otherwise it reads the claim from
 the API server, takes this driver's devices in this node's pool (:mod:`claims`), records them
 in the checkpoint, makes each token, and only then asks arbiterd to create each allocation
-(``alloc_ctl create``, id derived from the claim: a retry names the same one, and an allocation
-arbiterd already holds is not created twice); if arbiterd refuses, what was made is undone and
+(``alloc_ctl create``, id derived from the claim: a retry names the same one; an allocation
+arbiterd already holds under that id, left by a try whose reply was lost, is removed and created
+again with the new token, so it is never created twice); if arbiterd refuses, what was made is undone and
 the kubelet gets arbiterd's one-line reason. Then the CDI spec is written.
 
 ``unprepare`` removes the allocations, the token dirs, the CDI spec and the record; a claim it
@@ -134,8 +135,9 @@ class Preparer:
         made: list[Prepared] = []
         try:
             for d in devices:
-                if d.alloc_id not in held:
-                    self._create(d)
+                if d.alloc_id in held:  # an earlier try created it but lost the reply: its token is gone, redo it
+                    self.admin.remove_allocation(d.alloc_id)
+                self._create(d)
                 made.append(d)
             self._spec(rec, node)
         except (Refused, Unreachable, OSError) as exc:

@@ -292,3 +292,29 @@ def test_unprepare_while_arbiterd_is_down_fails_and_a_retry_after_it_is_back_fre
     dra.unprepare(c)
     assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []
     assert not any(p.name.startswith("dra-") for p in (dra.root / "state").iterdir())
+
+
+def test_a_create_whose_reply_was_lost_is_redone_on_the_retry_with_a_token_the_container_holds(
+        dra: DraNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expects: arbiterd creates the allocation but the reply times out (Unreachable): the prepare fails and the
+    kubelet's retry removes the allocation left under the claim's id and creates it again with the new token, so
+    the token directory exists and the container binds the allocation."""
+    from cgpu_device_plugin.admin import Unreachable
+    assert dra.plugin is not None
+    admin = dra.plugin.preparer.admin
+    real = admin.create_allocation
+    lost: list[str] = []
+
+    def create_then_lose_reply(alloc_id: str, *args: Any, **kw: Any) -> None:
+        real(alloc_id, *args, **kw)
+        if not lost:
+            lost.append(alloc_id)
+            raise Unreachable("timed out")
+
+    monkeypatch.setattr(admin, "create_allocation", create_then_lose_reply)
+    c = dra.schedule(claim("lost", memory="2Gi"))
+    ids = dra.prepare(c)
+    assert lost and (dra.root / "state" / lost[0] / "token").is_file()
+    (alloc,) = dra.daemon.status()["allocations"]
+    assert alloc["id"] == lost[0]
+    assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 2 * GIB
