@@ -78,7 +78,8 @@ class ClaimRecord:
 
 
 class Checkpoint:
-    """Claim records in memory, mirrored to ``checkpoint.json`` on every change. The caller locks."""
+    """Claim records in memory, mirrored to ``checkpoint.json`` on every change (disk first, so a failed
+    write changes nothing). The caller locks."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.dir = Path(state_dir)
@@ -101,8 +102,8 @@ class Checkpoint:
             claims = []
         self.claims = {c.uid: c for c in claims}
 
-    def _save(self) -> None:
-        data = json.dumps({"version": 1, "claims": {k: c.to_json() for k, c in sorted(self.claims.items())}},
+    def _save(self, claims: dict[str, ClaimRecord]) -> None:
+        data = json.dumps({"version": 1, "claims": {k: c.to_json() for k, c in sorted(claims.items())}},
                           indent=1).encode()
         tmp = self.path.with_name(f".{CHECKPOINT}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -119,13 +120,18 @@ class Checkpoint:
             os.close(dfd)
 
     def put(self, record: ClaimRecord) -> None:
-        self.claims[record.uid] = record
-        self._save()
+        """Record ``record`` on disk, then in memory: if the write fails (OSError) nothing changed."""
+        claims = {**self.claims, record.uid: record}
+        self._save(claims)
+        self.claims = claims
 
     def drop(self, uid: str) -> ClaimRecord | None:
-        rec = self.claims.pop(uid, None)
+        """Forget ``uid`` on disk, then in memory (OSError: nothing changed); its record, or None."""
+        rec = self.claims.get(uid)
         if rec is not None:
-            self._save()
+            claims = {k: v for k, v in self.claims.items() if k != uid}
+            self._save(claims)
+            self.claims = claims
         return rec
 
     def alloc_ids(self) -> set[str]:

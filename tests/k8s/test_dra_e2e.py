@@ -318,3 +318,21 @@ def test_a_create_whose_reply_was_lost_is_redone_on_the_retry_with_a_token_the_c
     (alloc,) = dra.daemon.status()["allocations"]
     assert alloc["id"] == lost[0]
     assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 2 * GIB
+
+
+def test_a_prepare_whose_checkpoint_write_failed_is_not_prepared_and_its_retry_creates_the_allocation(
+        dra: DraNode) -> None:
+    """Expects: the checkpoint cannot be written (its path is a directory): prepare fails naming the checkpoint and
+    arbiterd holds nothing; once it can be written again, the retry prepares the claim for real: the allocation is
+    in arbiterd and the container binds it."""
+    c = dra.schedule(claim("ckpt", memory="1Gi"))
+    blocker = dra.root / "state" / "checkpoint.json"
+    blocker.mkdir()
+    dra.kubelet.retries = 0
+    with pytest.raises(PrepareFailed, match="cannot write the checkpoint"):
+        dra.prepare(c)
+    assert dra.daemon.status()["allocations"] == []
+    blocker.rmdir()
+    ids = dra.prepare(c)
+    assert len(dra.daemon.status()["allocations"]) == 1
+    assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 1 * GIB
