@@ -3,7 +3,9 @@
 How this works
 --------------
 Every call holds one lock. ``prepare`` of a claim already in the checkpoint answers from it
-(the kubelet retries, and calls again after its own restart). Otherwise it reads the claim from
+(the kubelet retries, and calls again after its own restart), once arbiterd is seen to hold each
+of its allocations with its token on disk: one missing is created again, and if arbiterd refuses
+the prepare fails with its reason. Otherwise it reads the claim from
 the API server, takes this driver's devices in this node's pool (:mod:`claims`), records them
 in the checkpoint, makes each token, and only then asks arbiterd to create each allocation
 (``alloc_ctl create``, id derived from the claim: a retry names the same one; an allocation
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from cgpu_device_plugin.admin import AdminClient, Refused, Unreachable
 from cgpu_device_plugin.node import NodeView, StatusError
 from cgpu_dra_plugin import cdi
-from cgpu_dra_plugin.checkpoint import ALLOC_ID, Checkpoint, ClaimRecord, Prepared, alloc_id
+from cgpu_dra_plugin.checkpoint import ALLOC_ID, TOKEN_FILE, Checkpoint, ClaimRecord, Prepared, alloc_id
 from cgpu_dra_plugin.claims import BadClaim, grants
 from cgpu_dra_plugin.config import Config
 from cgpu_dra_plugin.kubeapi import ApiException, KubeApi
@@ -68,8 +70,8 @@ class Preparer:
         except (Unreachable, StatusError) as exc:
             raise PrepareError(str(exc)) from None
 
-    def _spec(self, rec: ClaimRecord, node: NodeView | None) -> None:
-        totals = {c.index: c.total_mem for c in node.cards} if node else {}
+    def _spec(self, rec: ClaimRecord, node: NodeView) -> None:
+        totals = {c.index: c.total_mem for c in node.cards}
         cdi.write(self.cfg.cdi_dir, rec.uid, cdi.spec(rec.uid, [(d, totals.get(d.gpu, d.memory)) for d in rec.devices],
                                                        self.cfg.socket_dir, self.cfg.libcgpu, self.cfg.state_dir,
                                                        self.cfg.alloc_mount))
@@ -92,10 +94,36 @@ class Preparer:
         with self._lock:
             rec = self.checkpoint.claims.get(uid)
             if rec is not None:
-                if not cdi.spec_path(self.cfg.cdi_dir, uid).exists():
-                    self._spec(rec, None if not rec.devices else self._node())
-                return list(rec.devices)
+                return self._prepare_again(rec)
             return self._prepare_new(namespace, uid, name)
+
+    def _prepare_again(self, rec: ClaimRecord) -> list[Prepared]:
+        """A recorded claim: make sure arbiterd holds each allocation (a crash between the record and the create,
+        or a resync arbiterd refused, leaves it missing) with a token on disk, and that the CDI spec exists."""
+        where = f"claim {rec.namespace}/{rec.name}"
+        node = self._node()
+        held = {a.id for a in node.allocations}
+        for d in rec.devices:
+            has_token = (self.checkpoint.alloc_path(d.alloc_id) / TOKEN_FILE).is_file()
+            if d.alloc_id in held and has_token:
+                continue
+            try:
+                if d.alloc_id in held:  # held with a digest whose token is gone: no container can bind it
+                    self.admin.remove_allocation(d.alloc_id)
+                self._create(d)
+            except (Refused, Unreachable) as exc:
+                raise PrepareError(f"{where}: arbiterd lacks allocation {d.alloc_id} and refused to create it "
+                                   f"again: {exc}") from None
+            log.warning("claim %s (%s): arbiterd lacked allocation %s; created it again", where, rec.uid, d.alloc_id)
+        if not cdi.spec_path(self.cfg.cdi_dir, rec.uid).exists():
+            self._write_spec(rec, node, where)
+        return list(rec.devices)
+
+    def _write_spec(self, rec: ClaimRecord, node: NodeView, where: str) -> None:
+        try:
+            self._spec(rec, node)
+        except OSError as exc:
+            raise PrepareError(f"{where}: cannot write the CDI spec under {self.cfg.cdi_dir}: {exc}") from None
 
     def _prepare_new(self, namespace: str, uid: str, name: str) -> list[Prepared]:
         where = f"claim {namespace}/{name}"

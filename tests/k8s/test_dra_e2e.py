@@ -336,3 +336,24 @@ def test_a_prepare_whose_checkpoint_write_failed_is_not_prepared_and_its_retry_c
     ids = dra.prepare(c)
     assert len(dra.daemon.status()["allocations"]) == 1
     assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 1 * GIB
+
+
+def test_a_recorded_claim_whose_allocation_arbiterd_lacks_is_created_again_or_fails_prepare(dra: DraNode) -> None:
+    """Expects: a prepared claim whose allocation vanished from arbiterd (same daemon, so no resync): the next
+    prepare creates it again and the container binds it; if arbiterd refuses (the card is full meanwhile), the
+    prepare fails naming the refusal rather than answering devices with no allocation."""
+    c = dra.schedule(claim("gone", memory="4Gi"))
+    ids = dra.prepare(c)
+    (alloc,) = dra.daemon.status()["allocations"]
+    admin = dra.admin()
+    admin.remove_allocation(alloc["id"])
+    assert dra.prepare(c) == ids
+    assert [a["id"] for a in dra.daemon.status()["allocations"]] == [alloc["id"]]
+    assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 4 * GIB
+    d = dra.schedule(claim("other", memory="3Gi"))
+    dra.prepare(d)
+    admin.remove_allocation(alloc["id"])
+    admin.create_allocation("filler", "0" * 64, [0], [13 * GIB], 0, 0, False)
+    dra.kubelet.retries = 0
+    with pytest.raises(PrepareFailed, match="refused to create it again"):
+        dra.prepare(c)
