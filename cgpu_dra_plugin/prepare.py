@@ -167,8 +167,8 @@ class Preparer:
                     self.admin.remove_allocation(d.alloc_id)
                 self._create(d)
                 made.append(d)
-            self._spec(rec, node)
-        except (Refused, Unreachable, OSError) as exc:
+            self._write_spec(rec, node, where)
+        except (Refused, Unreachable, PrepareError) as exc:
             for d in made:
                 try:
                     self._remove(d)
@@ -178,7 +178,10 @@ class Preparer:
             for d in devices:
                 self.checkpoint.remove_dir(d.alloc_id)
             self.checkpoint.drop(uid)
-            raise PrepareError(f"{where}: arbiterd refused it: {exc}") from None
+            if isinstance(exc, PrepareError):
+                raise
+            what = "refused it" if isinstance(exc, Refused) else "did not answer"
+            raise PrepareError(f"{where}: arbiterd {what}: {exc}") from None
         for d in devices:
             log.info("claim %s (%s): allocation %s on %s", where, uid, d.alloc_id, _describe(d))
         return devices

@@ -5,8 +5,8 @@ The kubelet's plugin watcher finds ``<registry_dir>/<driver>-reg.sock``, calls `
 (type ``DRAPlugin``, the driver's name, the DRA socket, ``v1.DRAPlugin`` and
 ``v1beta1.DRAPlugin``: the kubelet picks the newest it knows), then ``NotifyRegistrationStatus``.
 Then it calls ``NodePrepareResources``/``NodeUnprepareResources`` on the DRA socket. Each claim
-gets its own answer: a claim that fails carries its one-line error and the others still go
-through; the kubelet retries the failed ones.
+gets its own answer: a claim that fails (for any reason, a bug included) carries its one-line
+error and the others still go through; the kubelet retries the failed ones.
 
 A kubelet restart needs nothing from the plugin (its watcher finds the socket again). If the
 registration socket is deleted, :class:`Servers` serves a new one.
@@ -36,6 +36,11 @@ PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go: DRAPlugin
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]  # dra/v1 and dra/v1beta1 types.go: DRAPluginService
 
 
+def _unexpected(verb: str, c: Any, exc: Exception) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return f"claim {c.namespace}/{c.name}: {verb} failed in the plugin ({type(exc).__name__}: {first}); see its log"
+
+
 def _prepare(preparer: Preparer, pb: Any, request: Any) -> Any:
     resp = pb.NodePrepareResourcesResponse()
     for c in request.claims:
@@ -47,6 +52,9 @@ def _prepare(preparer: Preparer, pb: Any, request: Any) -> Any:
         except PrepareError as exc:
             log.warning("claim %s/%s (%s): prepare failed: %s", c.namespace, c.name, c.uid, exc)
             answer.error = str(exc)
+        except Exception as exc:  # a bug fails this claim alone; the kubelet retries it
+            log.exception("claim %s/%s (%s): prepare failed unexpectedly", c.namespace, c.name, c.uid)
+            answer.error = _unexpected("prepare", c, exc)
     return resp
 
 
@@ -59,6 +67,9 @@ def _unprepare(preparer: Preparer, pb: Any, request: Any) -> Any:
         except PrepareError as exc:
             log.warning("claim %s/%s (%s): unprepare failed: %s", c.namespace, c.name, c.uid, exc)
             answer.error = str(exc)
+        except Exception as exc:  # a bug fails this claim alone; the kubelet retries it
+            log.exception("claim %s/%s (%s): unprepare failed unexpectedly", c.namespace, c.name, c.uid)
+            answer.error = _unexpected("unprepare", c, exc)
     return resp
 
 

@@ -357,3 +357,36 @@ def test_a_recorded_claim_whose_allocation_arbiterd_lacks_is_created_again_or_fa
     dra.kubelet.retries = 0
     with pytest.raises(PrepareFailed, match="refused to create it again"):
         dra.prepare(c)
+
+
+def test_an_unexpected_error_fails_only_its_claim_and_a_cdi_write_failure_says_so(
+        dra: DraNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expects: a bug (RuntimeError) in one claim's prepare fails that claim alone, with a one-line error naming
+    it, while the other claim of the same NodePrepareResources is prepared; a CDI spec that cannot be written
+    fails the prepare naming the CDI spec (not arbiterd) and leaves no allocation behind."""
+    assert dra.plugin is not None
+    preparer = dra.plugin.preparer
+    real = preparer.prepare
+    good, bad = dra.schedule(claim("good", memory="1Gi")), dra.schedule(claim("buggy", memory="1Gi"))
+
+    def prepare(namespace: str, uid: str, name: str) -> Any:
+        if uid == bad["metadata"]["uid"]:
+            raise RuntimeError("boom\nsecond line")
+        return real(namespace, uid, name)
+
+    monkeypatch.setattr(preparer, "prepare", prepare)
+    dra.kubelet.retries = 0
+    with pytest.raises(PrepareFailed) as failed:
+        dra.kubelet.prepare(DRIVER, [dra.ref(good), dra.ref(bad)])
+    assert str(failed.value) == ("claim default/buggy: claim default/buggy: prepare failed in the plugin "
+                                 "(RuntimeError: boom); see its log")
+    assert len(dra.daemon.status()["allocations"]) == 1
+    monkeypatch.undo()
+    cdi = dra.root / "cdi"
+    shutil.rmtree(cdi)
+    cdi.write_text("")
+    c = dra.schedule(claim("nocdi", memory="1Gi"))
+    with pytest.raises(PrepareFailed, match=f"cannot write the CDI spec under {cdi}"):
+        dra.prepare(c)
+    assert len(dra.daemon.status()["allocations"]) == 1
+    cdi.unlink()
