@@ -98,7 +98,8 @@ class Checkpoint:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             aside = self.path.with_name(f"{CHECKPOINT}.bad-{int(time.time())}")
             os.replace(self.path, aside)
-            log.error("checkpoint %s is unreadable (%s); moved it to %s and starting empty", self.path, exc, aside)
+            log.error("checkpoint %s is unreadable (%s); moved it to %s and starting empty (the first resync rebuilds "
+                      "the records of claims still allocated here)", self.path, exc, aside)
             claims = []
         self.claims = {c.uid: c for c in claims}
 

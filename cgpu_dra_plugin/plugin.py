@@ -29,9 +29,9 @@ class Plugin:
         self.servers = Servers(cfg, self.preparer)
 
     def start(self) -> None:
-        """Load the checkpoint, poll arbiterd and publish, serve (raises OSError if a directory is unusable)."""
+        """Load the checkpoint, poll arbiterd (its first poll resyncs: :meth:`Preparer.resync`) and publish,
+        serve (raises OSError if a directory is unusable)."""
         self.checkpoint.load()
-        self.preparer.recover()
         self.publisher.start()
         self.servers.start()
         log.info("cgpu-dra-plugin started: driver %s on node %s, %d prepared claim(s), arbiterd %s",

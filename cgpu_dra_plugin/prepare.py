@@ -15,8 +15,10 @@ the kubelet gets arbiterd's one-line reason. Then the CDI spec is written.
 
 ``unprepare`` removes the allocations, the token dirs, the CDI spec and the record; a claim it
 does not know is already unprepared. ``resync`` runs whenever arbiterd (re)appears: recorded
-allocations it lacks are created again with the same token, and ``dra-`` allocations nobody
-recorded are removed. ``collect_garbage`` unprepares claims that are gone from the API server
+allocations it lacks are created again with the same token; a ``dra-`` allocation nobody recorded
+is adopted (its record rebuilt from the API server) when the API server still allocates its claim
+on this node, else removed, and token directories no record owns are removed.
+``collect_garbage`` unprepares claims that are gone from the API server
 (deleted, or deallocated) though the kubelet never said so.
 """
 
@@ -26,12 +28,13 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from cgpu_device_plugin.admin import AdminClient, Refused, Unreachable
-from cgpu_device_plugin.node import NodeView, StatusError
+from cgpu_device_plugin.node import DaemonAllocation, NodeView, StatusError
 from cgpu_dra_plugin import cdi
 from cgpu_dra_plugin.checkpoint import ALLOC_ID, TOKEN_FILE, Checkpoint, ClaimRecord, Prepared, alloc_id
-from cgpu_dra_plugin.claims import BadClaim, grants
+from cgpu_dra_plugin.claims import BadClaim, Grant, grants
 from cgpu_dra_plugin.config import Config
 from cgpu_dra_plugin.kubeapi import ApiException, KubeApi
 from cgpu_dra_plugin.quantity import GIB
@@ -125,6 +128,24 @@ class Preparer:
         except OSError as exc:
             raise PrepareError(f"{where}: cannot write the CDI spec under {self.cfg.cdi_dir}: {exc}") from None
 
+    @staticmethod
+    def _devices(where: str, uid: str, mine: Sequence[Grant], node: NodeView) -> list[Prepared]:
+        cards = {c.index: c for c in node.cards}
+        devices = []
+        for g in mine:
+            try:
+                index = gpu_index(g.device)
+            except ValueError as exc:
+                raise PrepareError(f"{where}: {exc}") from None
+            card = cards.get(index)
+            if card is None:
+                raise PrepareError(f"{where}: device {g.device} is not on this node any more (arbiterd has no "
+                                   f"GPU {index})")
+            devices.append(Prepared(alloc_id(uid, g.request, g.device), g.request, g.pool, g.device, index, card.uuid,
+                                    g.memory, g.cores, g.config.enforce_cores, g.config.weight,
+                                    g.config.high_priority, cdi.cdi_id(uid, g.device)))
+        return devices
+
     def _prepare_new(self, namespace: str, uid: str, name: str) -> list[Prepared]:
         where = f"claim {namespace}/{name}"
         try:
@@ -140,20 +161,7 @@ class Preparer:
         except BadClaim as exc:
             raise PrepareError(str(exc)) from None
         node = self._node()
-        cards = {c.index: c for c in node.cards}
-        devices = []
-        for g in mine:
-            try:
-                index = gpu_index(g.device)
-            except ValueError as exc:
-                raise PrepareError(f"{where}: {exc}") from None
-            card = cards.get(index)
-            if card is None:
-                raise PrepareError(f"{where}: device {g.device} is not on this node any more (arbiterd has no "
-                                   f"GPU {index})")
-            devices.append(Prepared(alloc_id(uid, g.request, g.device), g.request, g.pool, g.device, index, card.uuid,
-                                    g.memory, g.cores, g.config.enforce_cores, g.config.weight,
-                                    g.config.high_priority, cdi.cdi_id(uid, g.device)))
+        devices = self._devices(where, uid, mine, node)
         rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time())
         try:
             self.checkpoint.put(rec)
@@ -203,15 +211,11 @@ class Preparer:
         cdi.remove(self.cfg.cdi_dir, uid)
 
     # ------------------------------------------------------------ keeping arbiterd, disk and API server in step
-    def recover(self) -> None:
-        """At start: delete token directories that no record owns."""
-        with self._lock:
-            for alloc in self.checkpoint.stray_dirs():
-                self.checkpoint.remove_dir(alloc)
-                log.warning("allocation %s: removed its token directory, which no claim record owned", alloc)
-
     def resync(self, node: NodeView) -> None:
-        """Make arbiterd hold exactly the recorded ``dra-`` allocations (raises Unreachable if it goes away)."""
+        """Make arbiterd hold exactly the recorded ``dra-`` allocations, adopting first those of claims the API
+        server allocates on this node that no record names (an unreadable checkpoint was set aside); then remove
+        token directories no record owns. Raises Unreachable if arbiterd goes away, ApiException/OSError/
+        ValueError if the API server cannot be read (then nothing unknown was removed: the caller retries)."""
         with self._lock:
             held = {a.id for a in node.allocations}
             for rec in self.checkpoint.claims.values():
@@ -223,14 +227,57 @@ class Preparer:
                         log.info("allocation %s (GPU %d, claim %s/%s): created again in arbiterd, which did not "
                                  "have it", d.alloc_id, d.gpu, rec.namespace, rec.name)
                     except Refused as exc:
-                        log.error("allocation %s (GPU %d, claim %s/%s): arbiterd refuses to create it again: %s",
-                                  d.alloc_id, d.gpu, rec.namespace, rec.name, exc)
-            known = self.checkpoint.alloc_ids()
-            for a in node.allocations:
-                if ALLOC_ID.fullmatch(a.id) and a.id not in known:
-                    self.admin.remove_allocation(a.id)
-                    log.warning("allocation %s (GPU %s): arbiterd held it but no prepared claim names it; removed",
-                                a.id, ",".join(map(str, a.gpus)))
+                        log.error("allocation %s (GPU %d, claim %s/%s): arbiterd refuses to create it again (the "
+                                  "claim's next prepare tries again): %s", d.alloc_id, d.gpu, rec.namespace,
+                                  rec.name, exc)
+            unknown = [a for a in node.allocations if ALLOC_ID.fullmatch(a.id) and a.id not in
+                       self.checkpoint.alloc_ids()]
+            kept = self._adopt_or_remove(unknown, node) if unknown else set()
+            for alloc in sorted(set(self.checkpoint.stray_dirs()) - kept):
+                self.checkpoint.remove_dir(alloc)
+                log.warning("allocation %s: removed its token directory, which no claim record owned", alloc)
+
+    def _claims_here(self) -> dict[str, dict[str, Any]]:
+        """Allocation id -> the claim the API server allocates on this node that names it."""
+        out: dict[str, dict[str, Any]] = {}
+        for claim in self.kube.list_claims():
+            uid = str((claim.get("metadata") or {}).get("uid", ""))
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            for r in results or []:
+                if r.get("driver") == self.cfg.driver and r.get("pool") == self.cfg.node_name:
+                    out[alloc_id(uid, str(r.get("request", "")), str(r.get("device", "")))] = claim
+        return out
+
+    def _adopt_or_remove(self, unknown: Sequence[DaemonAllocation], node: NodeView) -> set[str]:
+        """Adopt or remove each of ``unknown``; the ids kept with no record (a live claim that cannot be read)."""
+        kept: set[str] = set()
+        live = self._claims_here()  # before removing anything: a claim still allocated here keeps its allocation
+        for a in unknown:
+            claim = live.get(a.id)
+            if claim is None:
+                self.admin.remove_allocation(a.id)
+                log.warning("allocation %s (GPU %s): arbiterd held it but no prepared claim names it and the API "
+                            "server allocates no claim of it on this node; removed", a.id, ",".join(map(str, a.gpus)))
+                continue
+            meta = claim.get("metadata") or {}
+            uid, namespace, name = str(meta.get("uid")), str(meta.get("namespace")), str(meta.get("name"))
+            if uid in self.checkpoint.claims:
+                continue  # adopted with an earlier device of the same claim
+            where = f"claim {namespace}/{name}"
+            try:
+                devices = self._devices(where, uid, grants(claim, self.cfg.driver, self.cfg.node_name), node)
+                rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time())
+                self.checkpoint.put(rec)
+            except (BadClaim, PrepareError, OSError) as exc:
+                log.error("allocation %s: %s is allocated here but its record cannot be rebuilt (%s); the allocation "
+                          "is kept", a.id, where, exc)
+                kept.add(a.id)
+                continue
+            lost = [d.alloc_id for d in devices if not (self.checkpoint.alloc_path(d.alloc_id) / TOKEN_FILE).is_file()]
+            log.warning("%s (%s): no record named its allocation %s; rebuilt the record from the API server%s", where,
+                        uid, a.id, f" (token gone for {', '.join(lost)}: a new container cannot bind it)" if lost
+                        else "")
+        return kept
 
     def collect_garbage(self) -> list[str]:
         """Unprepare claims the API server no longer has (or no longer allocates here); their UIDs."""

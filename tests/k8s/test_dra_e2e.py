@@ -390,3 +390,27 @@ def test_an_unexpected_error_fails_only_its_claim_and_a_cdi_write_failure_says_s
         dra.prepare(c)
     assert len(dra.daemon.status()["allocations"]) == 1
     cdi.unlink()
+
+
+def test_an_unreadable_checkpoint_keeps_running_claims_allocations_and_removes_only_strays(dra: DraNode) -> None:
+    """Expects: the plugin restarts with an unreadable checkpoint (set aside): the allocation of a claim the API
+    server still allocates on this node stays in arbiterd, its record is rebuilt (the container binds with the
+    token on disk, and unprepare frees it), while a dra- allocation of no claim and its token directory go."""
+    c = dra.schedule(claim("survivor", memory="2Gi"))
+    ids = dra.prepare(c)
+    (alloc,) = dra.daemon.status()["allocations"]
+    dra.stop_plugin()
+    stray = "dra-0123456789ab"
+    dra.admin().create_allocation(stray, "1" * 64, [1], [GIB], 0, 0, False)
+    (dra.root / "state" / stray).mkdir()
+    (dra.root / "state" / "checkpoint.json").write_text("{not json")
+    dra.start_plugin()
+    end = time.monotonic() + 10  # the resync runs at the plugin's first poll
+    while any(a["id"] == stray for a in dra.daemon.status()["allocations"]) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert [a["id"] for a in dra.daemon.status()["allocations"]] == [alloc["id"]]
+    assert dra.plugin is not None and [r.uid for r in dra.plugin.preparer.prepared()] == [c["metadata"]["uid"]]
+    assert not (dra.root / "state" / stray).exists()
+    assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 2 * GIB
+    dra.unprepare(c)
+    assert dra.daemon.status()["allocations"] == []
