@@ -4,18 +4,23 @@ Reads ``status.allocation.devices`` of a ``resource.k8s.io/v1`` ResourceClaim: e
 this driver in this node's pool is one :class:`Grant`; its ``consumedCapacity`` (written by
 kube-scheduler for a device with ``allowMultipleAllocations``) is what the container gets, and
 the last ``config`` entry of this driver that applies to its request (class configs come first,
-then the claim's, as the scheduler copies them) is its ShareConfig. Pure: no I/O.
+then the claim's, as the scheduler copies them) is its ShareConfig. ``highPriority`` counts only
+from a DeviceClass's config (``source: FromClass``): anyone who may create a claim writes the
+claim's, so one that asks it is refused; ``weight`` may come from either (arbiterd bounds it by
+the card's ``max_inst`` and free weight). Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from cgpu_dra_plugin import shareconfig
+from cgpu_dra_plugin import DRIVER, shareconfig
 from cgpu_dra_plugin.quantity import BadQuantity, parse
 from cgpu_dra_plugin.shareconfig import ShareConfig
+
+FROM_CLASS = "FromClass"  # a config the scheduler copied from the DeviceClass, which only an administrator writes
 
 
 class BadClaim(ValueError):
@@ -45,7 +50,10 @@ def _consumed(result: Mapping[str, Any], driver: str, name: str) -> int:
 
 
 def _config_for(configs: list[Any], driver: str, request: str) -> ShareConfig:
+    """The last applicable config's weight and limits; high priority from the last applicable DeviceClass config
+    (``source: FromClass``) alone: a claim's own config that asks it is refused (BadClaim)."""
     chosen = shareconfig.DEFAULT
+    high = False
     for entry in configs:
         opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
@@ -57,7 +65,12 @@ def _config_for(configs: list[Any], driver: str, request: str) -> ShareConfig:
             chosen = shareconfig.parse(opaque.get("parameters"))
         except shareconfig.BadShareConfig as exc:
             raise BadClaim(str(exc)) from None
-    return chosen
+        if entry.get("source") == FROM_CLASS:
+            high = chosen.high_priority
+        elif chosen.high_priority:
+            raise BadClaim("ShareConfig: highPriority is taken only from a DeviceClass (an administrator's), not "
+                           f"from the claim; request a device of class {DRIVER}-highprio instead")
+    return replace(chosen, high_priority=high)
 
 
 def grants(claim: Mapping[str, Any], driver: str, pool: str) -> list[Grant]:

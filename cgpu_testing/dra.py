@@ -86,7 +86,9 @@ class DraNode:
         stored = self.api.put("resourceclaims", claim)
         others = [c for c in self.api.list("resourceclaims") if c["metadata"]["uid"] != stored["metadata"]["uid"]]
         try:
-            allocation = allocate(stored, self.slices(), others, {DRIVER: DRIVER}, NODE)
+            classes = self.api.list("deviceclasses")
+            allocation = allocate(stored, self.slices(), others, {c["metadata"]["name"]: DRIVER for c in classes}, NODE,
+                                  {c["metadata"]["name"]: c["spec"].get("config", []) for c in classes})
         except Exception:
             self.api.delete("resourceclaims", meta["name"], meta.get("namespace", "default"))
             raise

@@ -19,7 +19,8 @@ experimental/`` (``allocator_experimental.go``, ``consumable_capacity.go``; KEP-
   capacity's ``value`` (``cmpRequestOverCapacity``);
 * a device without ``allowMultipleAllocations`` is taken whole, by one request of one claim;
 * the result names driver, pool, device, request, a fresh ``shareID`` for a shared device and
-  its ``consumedCapacity``; the claim's opaque configs are copied (``source: FromClaim``).
+  its ``consumedCapacity``; the opaque configs of each request's DeviceClass are copied first
+  (``source: FromClass``, ``requests`` naming that request), then the claim's (``source: FromClaim``).
 
 CEL selectors and constraints are not modelled: cgpu's DeviceClass selects on the driver only.
 """
@@ -121,11 +122,17 @@ def _format(name: str, value: int) -> str:
 
 
 def allocate(claim: Mapping[str, Any], slices: Sequence[Mapping[str, Any]], allocated: Iterable[Mapping[str, Any]],
-             classes: Mapping[str, str], node: str) -> dict[str, Any]:
-    """``claim``'s ``status.allocation`` on ``node``; raise Unschedulable. ``classes``: DeviceClass -> driver."""
+             classes: Mapping[str, str], node: str,
+             class_configs: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
+    """``claim``'s ``status.allocation`` on ``node``; raise Unschedulable. ``classes``: DeviceClass -> driver;
+    ``class_configs``: DeviceClass -> its ``spec.config`` (copied first, ``source: FromClass``, per request)."""
     used = consumed_so_far(allocated)
     results = []
+    from_class: list[dict[str, Any]] = []
     for req in claim["spec"]["devices"]["requests"]:
+        from_class += [{"source": "FromClass", "requests": [req["name"]], "opaque": c["opaque"]}
+                       for c in (class_configs or {}).get((req.get("exactly") or {}).get("deviceClassName", ""), [])
+                       if "opaque" in c]
         exactly = req.get("exactly") or {}
         if exactly.get("allocationMode", "ExactCount") != "ExactCount" or exactly.get("count", 1) != 1:
             raise Unschedulable(f"request {req['name']}: the model allocates one device per request")
@@ -167,8 +174,8 @@ def allocate(claim: Mapping[str, Any], slices: Sequence[Mapping[str, Any]], allo
             for n, v in fit.items():
                 slot[n] = slot.get(n, 0) + v
         results.append(result)
-    config = [{"source": "FromClaim", **({"requests": c["requests"]} if c.get("requests") else {}),
-               "opaque": c["opaque"]} for c in claim["spec"]["devices"].get("config", []) if "opaque" in c]
+    config = from_class + [{"source": "FromClaim", **({"requests": c["requests"]} if c.get("requests") else {}),
+                            "opaque": c["opaque"]} for c in claim["spec"]["devices"].get("config", []) if "opaque" in c]
     return {"devices": {"results": results, **({"config": config} if config else {})},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
                                                                      "values": [node]}]}]}}

@@ -25,8 +25,10 @@ from cgpu_testing.dra import NODE, DraNode
 from cgpu_testing.drakubelet import PrepareFailed
 from cgpu_testing.drasched import Unschedulable, claim
 from cgpu_testing.k8s import GIB
+from cgpu_testing.tools import ROOT
 
 PROG = str(Path(__file__).with_name("container_prog.py"))
+DEPLOY = ROOT / "deploy" / "kubernetes" / "dra"
 
 
 @pytest.fixture
@@ -198,14 +200,23 @@ def test_weights_1_and_2_in_the_claims_give_one_third_and_two_thirds(dra: DraNod
         assert abs(share - want) <= 2.0, (want, share, slice_ms)
 
 
-def test_high_priority_in_the_claim_makes_a_high_priority_container(dra: DraNode) -> None:
-    """Expects: ShareConfig highPriority with cores: the allocation carries highprio=1 and the 20 % cap, and the
-    container that binds it registers as high priority with weight 4 (20 % of 20 slots)."""
-    c = dra.schedule(claim("hp", memory="1Gi", cores=20, config=share_config(highPriority=True)))
+def test_the_highprio_device_class_makes_a_high_priority_container_and_a_claim_cannot_ask_it(dra: DraNode) -> None:
+    """Expects: a claim of deploy/kubernetes/dra's gpu.cgpu.io-highprio class (ShareConfig highPriority, source
+    FromClass) with cores: the allocation carries highprio=1 and the 20 % cap, and the container that binds it
+    registers as high priority with weight 4 (20 % of 20 slots); a claim of the plain class whose own ShareConfig
+    says highPriority fails prepare with one line and creates nothing."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML comes with the kubernetes client")
+    dra.api.put("deviceclasses", yaml.safe_load((DEPLOY / "deviceclass-highprio.yaml").read_text()))
+    c = dra.schedule(claim("hp", memory="1Gi", cores=20, device_class=f"{DRIVER}-highprio"))
     ids = dra.prepare(c)
     assert "core=20 highprio=1" in dra.daemon.cat("alloc_ctl")
     (gpu,) = run(dra, c, ids, "register")["gpus"]
     assert gpu["highprio"] in (1, True) and gpu["weight"] == 4
+    forged = dra.schedule(claim("forged", memory="1Gi", config=share_config(highPriority=True)))
+    dra.kubelet.retries = 0
+    with pytest.raises(PrepareFailed, match="highPriority is taken only from a DeviceClass"):
+        dra.prepare(forged)
+    assert len(dra.daemon.status()["allocations"]) == 1
 
 
 def test_a_bad_share_config_fails_prepare_with_one_line_and_creates_nothing(dra: DraNode) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from cgpu_dra_plugin import DRIVER, shareconfig
-from cgpu_dra_plugin.claims import grants
+from cgpu_dra_plugin.claims import BadClaim, grants
 from cgpu_dra_plugin.main import build_parser
 from cgpu_dra_plugin.slices import Gpu, resource_slice
+from cgpu_testing import drasched
 from cgpu_testing.drasched import allocate
 from cgpu_testing.tools import ROOT
 
@@ -70,8 +71,34 @@ def test_the_plugin_command_parses_and_agrees_with_arbiterd() -> None:
     assert args.alloc_mount == arbiterd["alloc_mount"] and args.admin_socket == f"{arbiterd['run_dir']}/admin.sock"
     mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
     assert {args.registry_dir, args.plugin_dir, args.cdi_dir, args.state_dir, args.socket_dir} <= mounts
-    (dc,) = of_kind("DeviceClass")
-    assert dc["metadata"]["name"] == DRIVER and DRIVER in dc["spec"]["selectors"][0]["cel"]["expression"]
+    classes = {dc["metadata"]["name"]: dc for dc in of_kind("DeviceClass")}
+    assert sorted(classes) == [DRIVER, f"{DRIVER}-highprio"]
+    for dc in classes.values():
+        assert DRIVER in dc["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_high_priority_comes_from_the_highprio_device_class_and_a_claim_cannot_ask_it() -> None:
+    """The scheduler model copies gpu.cgpu.io-highprio's ShareConfig (source FromClass): a claim naming that class
+    is high priority and may still set its weight; a claim of the plain class whose own config says highPriority
+    is refused with one line."""
+    classes = {dc["metadata"]["name"]: dc for dc in of_kind("DeviceClass")}
+    slices = [resource_slice("n1", DRIVER, [Gpu(0, "GPU-0", "A10", 16 * GIB, 1)], 1)]
+
+    def granted(device_class: str, **share: Any) -> Any:
+        cfg = {"apiVersion": shareconfig.API_VERSION, "kind": shareconfig.KIND, **share} if share else None
+        c = drasched.claim("c", memory="1Gi", device_class=device_class, config=cfg)
+        c["metadata"]["uid"] = "u"
+        c["status"] = {"allocation": drasched.allocate(c, slices, [], {n: DRIVER for n in classes}, "n1",
+                                                        {n: dc["spec"].get("config", []) for n, dc in classes.items()})}
+        (g,) = grants(c, DRIVER, "n1")
+        return g.config
+
+    assert granted(DRIVER).high_priority is False
+    assert granted(f"{DRIVER}-highprio").high_priority is True
+    both = granted(f"{DRIVER}-highprio", weight=3)
+    assert (both.high_priority, both.weight) == (True, 3)
+    with pytest.raises(BadClaim, match=f"highPriority is taken only from a DeviceClass.*{DRIVER}-highprio"):
+        granted(DRIVER, highPriority=True)
 
 
 def test_the_example_claims_are_placed_on_one_card_and_carry_their_share_config() -> None:

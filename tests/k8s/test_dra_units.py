@@ -119,8 +119,26 @@ def allocated(**share: Any) -> dict[str, Any]:
 def test_reading_an_allocated_claim_gives_its_device_capacity_and_share_config() -> None:
     (g,) = grants(allocated(), DRIVER, "n1")
     assert (g.device, g.memory, g.cores, g.config) == ("gpu-0", 4 * GIB, 30, shareconfig.DEFAULT)
-    (w,) = grants(allocated(weight=2, highPriority=True), DRIVER, "n1")
-    assert (w.cores, w.config.weight, w.config.high_priority) == (0, 2, True)
+    (w,) = grants(allocated(weight=2), DRIVER, "n1")
+    assert (w.cores, w.config.weight, w.config.high_priority) == (0, 2, False)
+
+
+def test_high_priority_is_taken_from_a_device_class_config_only() -> None:
+    """A FromClass config's highPriority holds (and a later claim config's weight adds to it); the same in a
+    FromClaim config, or with no source, is refused naming the high-priority class."""
+    c = allocated(weight=2)
+    (claim_cfg,) = c["status"]["allocation"]["devices"]["config"]
+    high = {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "ShareConfig", "highPriority": True}}}
+    c["status"]["allocation"]["devices"]["config"] = [high, claim_cfg]
+    (g,) = grants(c, DRIVER, "n1")
+    assert (g.config.weight, g.config.high_priority) == (2, True)
+    for source in ("FromClaim", None):
+        forged = {**high, "source": source} if source else {"opaque": high["opaque"]}
+        c["status"]["allocation"]["devices"]["config"] = [forged]
+        with pytest.raises(BadClaim, match=f"^ShareConfig: highPriority is taken only from a DeviceClass .*"
+                                           f"{DRIVER}-highprio instead$"):
+            grants(c, DRIVER, "n1")
 
 
 def test_a_claim_that_cannot_be_prepared_here_says_why() -> None:
