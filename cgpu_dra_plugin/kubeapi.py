@@ -85,13 +85,3 @@ class KubeApi:
         return _json(self._resource.replace_resource_slice(name, client.V1ResourceSlice.from_dict(body),
                                                            _preload_content=False,
                                                            _request_timeout=self.timeout))
-
-    def delete_slice(self, name: str) -> bool:
-        """Delete the slice; False when there was none."""
-        try:
-            self._resource.delete_resource_slice(name, _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True

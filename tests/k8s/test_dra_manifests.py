@@ -3,6 +3,10 @@ exactly what the plugin calls, and the example claims are placed by the schedule
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import inspect
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ import pytest
 
 from cgpu_dra_plugin import DRIVER, shareconfig
 from cgpu_dra_plugin.claims import BadClaim, grants
+from cgpu_dra_plugin.kubeapi import KubeApi
 from cgpu_dra_plugin.main import build_parser
 from cgpu_dra_plugin.slices import Gpu, resource_slice
 from cgpu_testing import drasched
@@ -37,7 +42,8 @@ def of_kind(kind: str) -> list[dict[str, Any]]:
 def test_the_manifests_are_there() -> None:
     kinds = sorted({d["kind"] for _, d in documents()})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "Pod",
-                     "ResourceClaimTemplate", "ServiceAccount"]
+                     "ResourceClaimTemplate", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -48,18 +54,96 @@ def test_every_manifest_validates_against_the_kubernetes_schema(path: Path, doc:
     kubernetes_validate.validate(doc, version, strict=True)
 
 
+CLIENT_VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch",
+                "delete": "delete"}
+
+
+def _source(module: str) -> ast.Module | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # a name inside a module, not a module
+        return None
+    return ast.parse(Path(spec.origin).read_text()) if spec is not None and spec.origin else None
+
+
+def _plugin_modules() -> dict[str, ast.Module]:
+    """The cgpu_dra_plugin modules the plugin process imports (from cgpu_dra_plugin.main), parsed."""
+    todo, seen = ["cgpu_dra_plugin.main"], {}
+    while todo:
+        name = todo.pop()
+        tree = None if name in seen else _source(name)
+        if tree is None:
+            continue
+        seen[name] = tree
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cgpu_dra_plugin"):
+                todo += [str(node.module), *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.startswith("cgpu_dra_plugin")]
+    return seen
+
+
+def plugin_api_calls() -> dict[str, list[str]]:
+    """resource -> verbs, derived from the code: the KubeApi methods the plugin's modules call, and the
+    ResourceV1Api calls in those methods (read_ -> get, list_ -> list, create_, replace_ -> update, delete_)."""
+    methods = {n for n, _ in inspect.getmembers(KubeApi, inspect.isfunction) if not n.startswith("_")}
+    used = set()
+    modules = _plugin_modules()
+    assert {"cgpu_dra_plugin.prepare", "cgpu_dra_plugin.publisher"} <= set(modules)
+    assert "cgpu_dra_plugin.kubectl" not in modules  # kubectl-inspect-cgpu runs as the user, not as cgpu-dra
+    for mod, tree in modules.items():
+        if mod == "cgpu_dra_plugin.kubeapi":
+            continue
+        used |= {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr in methods}
+    verbs: dict[str, set[str]] = {}
+    for m in used:
+        for call in re.findall(r"self\._resource\.(\w+)\(", inspect.getsource(getattr(KubeApi, m))):
+            verb, _, rest = call.partition("_")
+            kind = re.fullmatch(r"(?:namespaced_)?resource_(\w+?)(?:_for_all_namespaces)?", rest)
+            assert kind is not None and verb in CLIENT_VERBS, call
+            verbs.setdefault(f"resource{kind.group(1).replace('_', '')}s", set()).add(CLIENT_VERBS[verb])
+    return {r: sorted(v) for r, v in verbs.items()}
+
+
 def test_rbac_grants_exactly_what_the_plugin_calls() -> None:
-    """cgpu_dra_plugin.kubeapi: slices read (get, list), created, replaced (update), deleted; claims read."""
+    """The ClusterRole's verbs per resource are those of the API calls the plugin's code makes (derived from the
+    code, see plugin_api_calls), no more; and it is bound to the DaemonSet's service account."""
+    calls = plugin_api_calls()
+    assert calls["resourceclaims"] and calls["resourceslices"]  # the derivation found the calls at all
     (role,) = of_kind("ClusterRole")
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in role["rules"]}
-    assert rules == {(("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "get", "list", "update"],
-                     (("resource.k8s.io",), ("resourceclaims",)): ["get"]}
+    assert all(r["apiGroups"] == ["resource.k8s.io"] for r in role["rules"])
+    assert {r: sorted(v) for rule in role["rules"] for r, v in [(rule["resources"][0], rule["verbs"])]} == calls
+    assert all(len(rule["resources"]) == 1 for rule in role["rules"])
     (binding,) = of_kind("ClusterRoleBinding")
     (sa,) = of_kind("ServiceAccount")
     (ds,) = of_kind("DaemonSet")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": sa["metadata"]["namespace"]}]
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_the_admission_policy_confines_every_slice_write_of_the_plugin_to_its_node_and_driver() -> None:
+    """The ValidatingAdmissionPolicy matches every write verb the role grants on resourceslices, for requests of
+    the plugin's service account alone; it requires the token's node name, spec.nodeName equal to it, and
+    spec.driver == gpu.cgpu.io; its binding denies what fails."""
+    (policy,) = of_kind("ValidatingAdmissionPolicy")
+    (binding,) = of_kind("ValidatingAdmissionPolicyBinding")
+    (sa,) = of_kind("ServiceAccount")
+    spec = policy["spec"]
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["resource.k8s.io"] and rule["resources"] == ["resourceslices"]
+    writes = {v.upper() for v in plugin_api_calls()["resourceslices"] if v not in ("get", "list")}
+    assert writes and writes <= set(rule["operations"])
+    (cond,) = spec["matchConditions"]
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert cond["expression"] == f'request.userInfo.username == "{user}"'
+    exprs = " ".join([v["expression"] for v in spec["variables"]] + [v["expression"] for v in spec["validations"]])
+    assert "request.userInfo.extra[?'authentication.kubernetes.io/node-name']" in exprs
+    assert "variables.userNodeName == variables.objectNodeName" in exprs and "spec.?nodeName" in exprs
+    assert f"variables.slice.spec.driver == '{DRIVER}'" in exprs
+    assert spec["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
 
 def test_the_plugin_command_parses_and_agrees_with_arbiterd() -> None:
