@@ -7,7 +7,8 @@ the last ``config`` entry of this driver that applies to its request (class conf
 then the claim's, as the scheduler copies them) is its ShareConfig. ``highPriority`` counts only
 from a DeviceClass's config (``source: FromClass``): anyone who may create a claim writes the
 claim's, so one that asks it is refused; ``weight`` may come from either (arbiterd bounds it by
-the card's ``max_inst`` and free weight). Pure: no I/O.
+the card's ``max_inst`` and free weight). A claim reserved for more than one consumer is refused:
+arbiterd binds an allocation to the first container that presents its token. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def grants(claim: Mapping[str, Any], driver: str, pool: str) -> list[Grant]:
     results = devices.get("results")
     if not results:
         raise BadClaim(f"{where} is not allocated (no status.allocation.devices.results)")
+    consumers = (claim.get("status") or {}).get("reservedFor") or []
+    if len(consumers) > 1:
+        names = ", ".join(f"{c.get('resource', '?')}/{c.get('name', '?')}" for c in consumers)
+        raise BadClaim(f"{where} is reserved for {len(consumers)} consumers ({names}); a cgpu allocation binds to "
+                       "one container, so each pod needs its own claim (use a ResourceClaimTemplate)")
     configs = list(devices.get("config") or [])
     out = []
     for r in results:

@@ -425,3 +425,15 @@ def test_an_unreadable_checkpoint_keeps_running_claims_allocations_and_removes_o
     assert run(dra, c, ids, "register")["gpus"][0]["mem_limit"] == 2 * GIB
     dra.unprepare(c)
     assert dra.daemon.status()["allocations"] == []
+
+
+def test_a_claim_reserved_for_two_pods_fails_prepare_and_creates_nothing(dra: DraNode) -> None:
+    """Expects: arbiterd binds an allocation to one container, so a claim whose status.reservedFor names two pods
+    fails NodePrepareResources with one line saying each pod needs its own claim; nothing is allocated."""
+    c = dra.schedule(claim("shared", memory="1Gi"))
+    c["status"]["reservedFor"].append({"resource": "pods", "name": "second", "uid": "0" * 8})
+    c = dra.api.put("resourceclaims", c)
+    dra.kubelet.retries = 0
+    with pytest.raises(PrepareFailed, match=r"reserved for 2 consumers .* each pod needs its own claim"):
+        dra.prepare(c)
+    assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []

@@ -152,6 +152,13 @@ def test_a_claim_that_cannot_be_prepared_here_says_why() -> None:
             "apiVersion": f"{DRIVER}/v1alpha1", "kind": "ShareConfig", "weight": 2}}}]
     with pytest.raises(BadClaim, match="exclude each other"):
         grants(c, DRIVER, "n1")
+    c["status"]["reservedFor"] = [{"resource": "pods", "name": n, "uid": n} for n in ("p1", "p2")]
+    with pytest.raises(BadClaim, match=r"^claim default/w is reserved for 2 consumers \(pods/p1, pods/p2\); .* "
+                                       "each pod needs its own claim"):
+        grants(c, DRIVER, "n1")
+    c["status"]["reservedFor"] = c["status"]["reservedFor"][:1]
+    with pytest.raises(BadClaim, match="exclude each other"):  # one consumer: on to the next check
+        grants(c, DRIVER, "n1")
     del c["status"]
     with pytest.raises(BadClaim, match="not allocated"):
         grants(c, DRIVER, "n1")
