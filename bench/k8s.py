@@ -219,6 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if overcommits == 0 else 1
 
 
+DRA_CAVEAT = ("The DRA row shows the model of kube-scheduler's allocator (`cgpu_testing/drasched.py`), not "
+              "kube-scheduler itself. Its split is 0 by construction: one request is one device, so a claim's memory "
+              "and cores are on one card. Its refused with room uses the same first-fit accounting as the model that "
+              "placed the pods, so 0 there shows that the plugin prepares whatever the model places, not that "
+              "kube-scheduler never refuses a pod with room (its scoring, other pods' constraints and races are not "
+              "modelled). Measured for real: the NodePrepareResources latency, and overcommits in arbiterd's own "
+              "status.")
+
 def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run], dra: DraRun) -> int:
     """Print (and record) the DRA run beside the device plugin's runs; exit 1 on any overcommit."""
     header = (f"{'path':18} {'pods':>5} {'running':>7} {'split':>5} {'refused with room':>17} {'no card':>7} "
@@ -254,7 +262,8 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
         body = (f"{dra.pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, the same sequence through "
                 "the device plugin (binpack, spread) and through DRA (the DRA plugin, a model of kube-scheduler's "
                 "allocator with consumable capacity: first device that fits). arbiterd at its defaults plus "
-                "`--allocations required`; a DRA pod naming no memory consumes the 1Gi default.\n\n```\n"
+                "`--allocations required`; a DRA pod naming no memory consumes the 1Gi default.\n\n"
+                f"{DRA_CAVEAT}\n\n```\n"
                 f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
         results.update("k8s-dra", cmd.strip(), body)
     print(summary)

@@ -15,6 +15,11 @@ What is counted for each pod, as for the device plugin's runs (:mod:`bench.k8s`)
 plugin spans memory over cards there; one DRA device cannot); ``no room``: not even in total.
 After every event, a card whose allocated memory or cores pass its total, in arbiterd's status
 or in the claims' consumed capacity, counts as an overcommit.
+
+What this can and cannot show: the placement is the model's, not kube-scheduler's. ``split`` is
+0 by construction (one request, one device), and ``refused with room`` is judged with the same
+first-fit view of the cards the model allocates from, so both check that the plugin prepares
+what the model places; the latency and arbiterd's overcommit check are real measurements.
 """
 
 from __future__ import annotations

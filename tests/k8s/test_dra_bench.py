@@ -1,5 +1,7 @@
-"""bench.k8s --dra on a short sequence: through DRA no pod is split, none is refused while one card has room for
-it, and no card is ever overcommitted (the issue's targets), where the device plugin splits some."""
+"""bench.k8s --dra on a short sequence: the bench's wiring holds together. No pod is split (one request is one
+device: this holds by construction), none is refused while one card has room for it (the scheduler model's own
+first-fit accounting: the plugin prepares every claim the model places), and arbiterd never holds an overcommitted
+card."""
 
 from __future__ import annotations
 
