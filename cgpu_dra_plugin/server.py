@@ -73,26 +73,18 @@ def _unprepare(preparer: Preparer, pb: Any, request: Any) -> Any:
     return resp
 
 
-class DraV1(v1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: Preparer) -> None:
+class DraService:
+    """``DRAPlugin`` of one API version: ``pb`` is that version's ``api_pb2`` (v1 or v1beta1, the same messages)."""
+
+    def __init__(self, preparer: Preparer, pb: Any) -> None:
         self.preparer = preparer
+        self.pb = pb
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return _prepare(self.preparer, v1, request)
+        return _prepare(self.preparer, self.pb, request)
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return _unprepare(self.preparer, v1, request)
-
-
-class DraV1beta1(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: Preparer) -> None:
-        self.preparer = preparer
-
-    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return _prepare(self.preparer, v1beta1, request)
-
-    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return _unprepare(self.preparer, v1beta1, request)
+        return _unprepare(self.preparer, self.pb, request)
 
 
 class Registration(reg_grpc.RegistrationServicer):
@@ -145,8 +137,9 @@ class Servers:
 
     def start(self) -> None:
         def add_dra(server: grpc.Server) -> None:
-            v1_grpc.add_DRAPluginServicer_to_server(DraV1(self.preparer), server)  # type: ignore[no-untyped-call]
-            v1beta1_grpc.add_DRAPluginServicer_to_server(DraV1beta1(self.preparer), server)  # type: ignore[no-untyped-call]
+            v1_grpc.add_DRAPluginServicer_to_server(DraService(self.preparer, v1), server)  # type: ignore[no-untyped-call]
+            v1beta1_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+                DraService(self.preparer, v1beta1), server)
 
         self._dra = _serve(self.cfg.dra_socket, add_dra)
         self._serve_registration()  # last: the kubelet may call as soon as this socket exists
