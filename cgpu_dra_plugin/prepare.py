@@ -211,12 +211,15 @@ class Preparer:
         cdi.remove(self.cfg.cdi_dir, uid)
 
     # ------------------------------------------------------------ keeping arbiterd, disk and API server in step
-    def resync(self, node: NodeView) -> None:
+    def resync(self) -> int | None:
         """Make arbiterd hold exactly the recorded ``dra-`` allocations, adopting first those of claims the API
         server allocates on this node that no record names (an unreadable checkpoint was set aside); then remove
-        token directories no record owns. Raises Unreachable if arbiterd goes away, ApiException/OSError/
-        ValueError if the API server cannot be read (then nothing unknown was removed: the caller retries)."""
+        token directories no record owns. arbiterd's status is read under the lock, so no prepare or unprepare
+        runs between it and the changes. Returns arbiterd's pid. Raises Unreachable/StatusError if arbiterd does
+        not answer, ApiException/OSError/ValueError if the API server cannot be read (then nothing unknown was
+        removed: the caller retries)."""
         with self._lock:
+            node = self.admin.node()
             held = {a.id for a in node.allocations}
             for rec in self.checkpoint.claims.values():
                 for d in rec.devices:
@@ -236,6 +239,7 @@ class Preparer:
             for alloc in sorted(set(self.checkpoint.stray_dirs()) - kept):
                 self.checkpoint.remove_dir(alloc)
                 log.warning("allocation %s: removed its token directory, which no claim record owned", alloc)
+            return node.pid
 
     def _claims_here(self) -> dict[str, dict[str, Any]]:
         """Allocation id -> the claim the API server allocates on this node that names it."""
@@ -280,17 +284,22 @@ class Preparer:
         return kept
 
     def collect_garbage(self) -> list[str]:
-        """Unprepare claims the API server no longer has (or no longer allocates here); their UIDs."""
+        """Unprepare claims the API server no longer has (or no longer allocates here); their UIDs. The API server
+        is asked without the lock (prepares go on meanwhile); it is taken only to unprepare each gone claim."""
         with self._lock:
-            gone = []
-            for rec in list(self.checkpoint.claims.values()):
-                claim = self.kube.get_claim(rec.namespace, rec.name)
-                alive = (claim is not None and claim.get("metadata", {}).get("uid") == rec.uid
-                         and bool(((claim.get("status") or {}).get("allocation") or {}).get("devices")))
-                if not alive:
+            records = list(self.checkpoint.claims.values())
+        gone = []
+        for rec in records:
+            claim = self.kube.get_claim(rec.namespace, rec.name)
+            alive = (claim is not None and claim.get("metadata", {}).get("uid") == rec.uid
+                     and bool(((claim.get("status") or {}).get("allocation") or {}).get("devices")))
+            if not alive:
+                with self._lock:
+                    if rec.uid not in self.checkpoint.claims:
+                        continue  # the kubelet unprepared it meanwhile
                     self._unprepare(rec.uid, "its claim is gone from the API server")
-                    gone.append(rec.uid)
-            return gone
+                gone.append(rec.uid)
+        return gone
 
     def prepared(self) -> Sequence[ClaimRecord]:
         with self._lock:

@@ -80,14 +80,13 @@ class Publisher:
             return
         try:
             if node.pid != self._daemon_pid:
-                self.preparer.resync(node)
-                self._daemon_pid = node.pid
+                self._daemon_pid = self.preparer.resync()  # reads arbiterd again, under the preparer's lock
             self.publish(gpus_of(status))
             if now - self._last_gc >= self.cfg.gc_interval_s:
                 self._last_gc = now
                 for uid in self.preparer.collect_garbage():
                     log.info("claim %s: unprepared, its claim is gone", uid)
-        except Unreachable as exc:
+        except (Unreachable, StatusError) as exc:
             log.warning("arbiterd went away during a resync (%s); trying again at the next poll", exc)
             self._daemon_pid = None
         except (ApiException, OSError, ValueError) as exc:

@@ -437,3 +437,54 @@ def test_a_claim_reserved_for_two_pods_fails_prepare_and_creates_nothing(dra: Dr
     with pytest.raises(PrepareFailed, match=r"reserved for 2 consumers .* each pod needs its own claim"):
         dra.prepare(c)
     assert dra.daemon.status()["allocations"] == [] and list((dra.root / "cdi").glob("*.json")) == []
+
+
+def test_resync_reads_arbiterd_under_the_lock_so_a_prepare_racing_the_poll_logs_no_false_error(
+        dra: DraNode, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Expects: a claim prepared just after the publisher read arbiterd's status (the poll's snapshot lacks its
+    allocation): the resync that follows neither tries to create it again nor logs an error, and the claim keeps
+    its one allocation."""
+    assert dra.plugin is not None
+    plugin = dra.plugin
+    plugin.publisher.stop()  # step by hand
+    c = dra.schedule(claim("race", memory="1Gi"))
+    real = plugin.admin.status
+    raced: list[bool] = []
+
+    def status() -> dict[str, Any]:
+        doc = real()
+        if not raced:
+            raced.append(True)
+            plugin.preparer.prepare("default", c["metadata"]["uid"], "race")
+        return doc
+
+    monkeypatch.setattr(plugin.admin, "status", status)
+    plugin.publisher._daemon_pid = None  # as after an arbiterd restart: the next step resyncs
+    with caplog.at_level("INFO", logger="cgpu_dra_plugin"):
+        plugin.publisher.step(time.monotonic())
+    assert raced and [r.levelname for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == []
+    assert not any("created again" in r.getMessage() for r in caplog.records)
+    assert len(dra.daemon.status()["allocations"]) == 1
+
+
+def test_garbage_collection_asks_the_api_server_without_holding_the_prepare_lock(
+        dra: DraNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expects: while collect_garbage reads each recorded claim from the API server the preparer's lock is free
+    (a prepare is not held up by N API calls); the claim that is gone is still unprepared."""
+    assert dra.plugin is not None
+    preparer = dra.plugin.preparer
+    kept, gone = dra.schedule(claim("kept", memory="1Gi")), dra.schedule(claim("gc", memory="1Gi"))
+    dra.prepare(kept)
+    dra.prepare(gone)
+    dra.api.delete("resourceclaims", "gc", "default")
+    locked: list[bool] = []
+    real = preparer.kube.get_claim
+
+    def get_claim(namespace: str, name: str) -> Any:
+        locked.append(preparer._lock.locked())
+        return real(namespace, name)
+
+    monkeypatch.setattr(preparer.kube, "get_claim", get_claim)
+    assert preparer.collect_garbage() == [gone["metadata"]["uid"]]
+    assert locked == [False, False]
+    assert [r.uid for r in preparer.prepared()] == [kept["metadata"]["uid"]]
