@@ -31,6 +31,8 @@ It reads one JSON command per line on stdin and answers each with one JSON line 
     {"op": "probe", "seconds": S, "gpu": G}
                                            -> {"rtt_ms": [...]}: memory queries on the registered connection, one
                                               every 2 ms, and each one's round trip
+    {"op": "admin_get", "sock": A, "path": P}
+                                           -> {"status": code, "body": "..."}: GET P on the admin socket A (HTTP/1.1)
     {"op": "close"} | {"op": "exit"}
 """
 
@@ -153,6 +155,19 @@ def flood_register(path: str, seconds: float) -> dict[str, Any]:
     return {"sent": sent, "answered": answered[0]}
 
 
+def admin_get(sock_path: str, path: str) -> dict[str, Any]:
+    """GET ``path`` on the admin API at ``sock_path``: the status code and the body."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(sock_path)
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: arbiterd\r\nConnection: close\r\n\r\n".encode())
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return {"status": int(head.split()[1]), "body": body.decode(errors="replace")}
+
+
 def drop_to(uid: int) -> None:
     import pwd
 
@@ -196,6 +211,8 @@ def main() -> int:
                     continue
                 conn.send({"op": "register", "id": 1, "gpus": [0], **cmd.get("register", {})})
                 reply(conn.recv())
+            elif op == "admin_get":
+                reply(admin_get(cmd["sock"], cmd["path"]))
             elif op == "fork_exit":
                 child = os.fork()
                 if child:

@@ -9,11 +9,21 @@ Refusals answer 4xx with a one-line ``text/plain`` reason and change nothing;
 the status comes from the error's type (400 bad value, 403 read-only, 404
 unknown path, 409 conflict), and 507 means the state could not be saved. On
 loopback TCP every request needs ``Authorization: Bearer <token>``.
+
+On ``admin.sock``, a process in a container is refused (403) unless it is in
+arbiterd's own pod (the plugins the DaemonSet runs beside it): the plugins
+mount the socket directory into every container they set up, and a tenant
+running as root could otherwise open ``admin.sock`` (mode 0600, root) and
+re-provision its neighbours. Who the peer is comes from the kernel
+(``SO_PEERCRED`` and its cgroup in the host's ``/proc``, read as for clients:
+identity.py, whatever ``identity`` and ``proc_root`` say of clients); a peer
+that cannot be told is refused too.
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,8 +32,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from arbiterd.core.errors import CoreError
+from arbiterd.core.errors import CoreError, IdentityError
+from arbiterd.server.connection import peer_credentials
 from arbiterd.server.hub import Hub
+from arbiterd.server.identity import IdentityResolver, peer_pidfd
 from arbiterd.server.metrics import ArbiterCollector
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -36,6 +48,29 @@ class Admin:
     hub: Hub
     token: str | None
     registry: CollectorRegistry
+    peers: IdentityResolver  # who an admin.sock peer is: from the host's /proc, always by its cgroup
+    own_pod: str | None = None  # arbiterd's own pod, where it runs in one: its containers may administer it
+
+
+def own_pod(peers: IdentityResolver) -> str | None:
+    """The pod arbiterd itself runs in (None on the host, or when its own cgroup cannot be read)."""
+    try:
+        return peers.peer(os.getpid(), os.getuid()).pod
+    except IdentityError:
+        return None
+
+
+def peer_refusal(admin: Admin, sock: socket.socket) -> str | None:
+    """Why the peer of ``sock`` (on admin.sock) may not use the admin API, or None if it may."""
+    pid, uid, _ = peer_credentials(sock)
+    try:
+        peer = admin.peers.peer(pid, uid, peer_pidfd(sock))
+    except IdentityError as exc:
+        return f"who the peer is cannot be told: {exc}"
+    if peer.container is None or (admin.own_pod is not None and peer.pod == admin.own_pod):
+        return None
+    return (f"pid {pid} is in container {peer.container[:12]}: the admin API serves the host and arbiterd's own "
+            f"pod only")
 
 
 ADMIN = web.AppKey("admin", Admin)
@@ -51,9 +86,14 @@ def _refusal(exc: CoreError) -> web.Response:
 
 
 @web.middleware
-async def token_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """admin.sock: the peer as the kernel tells it (no container but arbiterd's own pod); TCP: the bearer token."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None and sock.family != socket.AF_UNIX:
+    if sock is not None and sock.family == socket.AF_UNIX:
+        why = peer_refusal(request.app[ADMIN], sock)
+        if why is not None:
+            return _text(f"admin API refused: {why}\n", 403)
+    elif sock is not None:
         token = request.app[ADMIN].token or ""
         given = request.headers.get("Authorization", "")
         if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
@@ -94,10 +134,11 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 def make_admin_app(hub: Hub, token: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[token_auth], client_max_size=8192)
+    app = web.Application(middlewares=[admin_auth], client_max_size=8192)
     registry = CollectorRegistry()
     registry.register(ArbiterCollector(hub))
-    app[ADMIN] = Admin(hub, token, registry)
+    peers = IdentityResolver("cgroup", "/proc")
+    app[ADMIN] = Admin(hub, token, registry, peers, own_pod(peers))
     app.router.add_get(r"/v1/tree{path:(/.*)?}", get_tree)
     app.router.add_put(r"/v1/tree{path:(/.*)?}", put_tree)
     app.router.add_get("/v1/status", get_status)

@@ -166,3 +166,17 @@ def test_peer_credentials_come_from_the_kernel() -> None:
         a.close()
         b.close()
     assert sys.platform.startswith("linux")
+
+
+@needs_root
+def test_a_container_cannot_use_the_admin_socket_the_host_can(cast: Cast) -> None:
+    """The plugins mount the socket directory into every container they set up, admin.sock with it; a tenant
+    running as root (the same uid as the daemon) still may not administer it. (The admin gate reads the host's
+    /proc: the agent must be in a real container cgroup, which needs root.)"""
+    d = cast.daemon("--sim-gpus", "1x1GiB")
+    tenant = cast.agent(d, cid=cast.containers.new_id())
+    reply = tenant.call("admin_get", sock=d.admin, path="/v1/tree/inst_ctl")
+    assert reply["status"] == 403, reply
+    assert reply["body"].startswith("admin API refused: pid ") and "is in container" in reply["body"], reply
+    host = cast.agent(d)
+    assert host.call("admin_get", sock=d.admin, path="/v1/status")["status"] == 200
