@@ -44,6 +44,9 @@ def fake_pynvml(count: int = 2, fail_init: bool = False, raw_bytes: bool = False
     mod.nvmlDeviceGetName = lambda h: enc("NVIDIA A10")  # type: ignore[attr-defined]
     mod.nvmlDeviceGetUUID = lambda h: enc(f"GPU-0000000{h[1]}-aaaa-bbbb-cccc-dddddddddddd")  # type: ignore[attr-defined]
     mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=24 * 1024**3, free=1, used=2)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: []  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=0, memory=0)  # type: ignore[attr-defined]
     mod.state = state  # type: ignore[attr-defined]
     return mod
 

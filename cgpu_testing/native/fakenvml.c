@@ -1,10 +1,14 @@
-/* A fake of libnvidia-ml.so.1 for tests only: the device list and memory queries.
+#define _POSIX_C_SOURCE 200809L
+/* A fake of libnvidia-ml.so.1 for tests only: the device list, memory, the running processes and utilization.
  * Devices and totals come from FAKECUDA_DEVICES and FAKECUDA_MEM_MB, like the fake
  * driver; "used" is FAKENVML_USED_MB (default 0) because the fake cannot see other
- * processes' allocations. See README.md beside this file. */
+ * processes' allocations. The processes with a context on each GPU, their memory and
+ * utilization come from the control file FAKENVML_CONTROL names, which a test writes and
+ * rewrites (read again at every call). See README.md beside this file. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_min.h" /* libcgpu_client/native, on the -I path */
 
@@ -125,12 +129,141 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     return NVML_SUCCESS;
 }
 
+/* ---- the control file: one line per fact, '#' starts a comment:
+ *   proc GPU PID BYTES [compute|graphics] [SM%]   a process with a context on GPU, its used memory and utilization
+ *   util GPU PCT                                  the GPU's utilization (default: the sum of its processes' SM%)  */
+#define MAX_PROCS 256
+struct fake_proc {
+    unsigned gpu, pid, sm;
+    unsigned long long used;
+    int graphics;
+};
+/* nvmlProcessInfo_v2_t/_v3_t, nvmlUtilization_t and nvmlProcessUtilizationSample_t, as nvml.h lays them out */
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
+    fake_process_info_t;
+typedef struct { unsigned int gpu, memory; } fake_utilization_t;
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; }
+    fake_process_sample_t;
+
+static int read_control(struct fake_proc *procs, int *util, unsigned ndev) {
+    const char *path = getenv("FAKENVML_CONTROL");
+    int n = 0;
+    for (unsigned k = 0; k < ndev && k < MAX_DEVICES; k++)
+        util[k] = -1;
+    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (!f)
+        return 0;
+    char line[256], kind[16];
+    while (fgets(line, sizeof line, f)) {
+        unsigned gpu, pid, sm = 0;
+        unsigned long long used;
+        int pct;
+        kind[0] = 0;
+        if (sscanf(line, " proc %u %u %llu %15s %u", &gpu, &pid, &used, kind, &sm) >= 3) {
+            if (gpu >= ndev || n >= MAX_PROCS)
+                continue;
+            procs[n] = (struct fake_proc){gpu, pid, sm > 100 ? 100 : sm, used, strcmp(kind, "graphics") == 0};
+            n++;
+        } else if (sscanf(line, " util %u %d", &gpu, &pct) == 2 && gpu < ndev) {
+            util[gpu] = pct < 0 ? 0 : pct > 100 ? 100 : pct;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+static nvmlReturn_t running(nvmlDevice_t d, unsigned int *cnt, fake_process_info_t *infos, int graphics) {
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || !cnt)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_proc procs[MAX_PROCS];
+    int util[MAX_DEVICES];
+    int n = read_control(procs, util, count());
+    unsigned found = 0;
+    for (int k = 0; k < n; k++)
+        found += procs[k].gpu == d->index && procs[k].graphics == graphics;
+    if (found > *cnt || (found && !infos)) { /* as NVML: the count needed, and INSUFFICIENT_SIZE */
+        *cnt = found;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned i = 0;
+    for (int k = 0; k < n; k++)
+        if (procs[k].gpu == d->index && procs[k].graphics == graphics)
+            infos[i++] = (fake_process_info_t){procs[k].pid, procs[k].used, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    *cnt = found;
+    return NVML_SUCCESS;
+}
+
+/* what nvidia-ml-py's nvmlDeviceGetComputeRunningProcesses / ...GraphicsRunningProcesses call (the _v3 ABI;
+ * _v2 has the same layout) */
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, fake_process_info_t *p) {
+    return running(d, c, p, 0);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, fake_process_info_t *p) {
+    return running(d, c, p, 0);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, fake_process_info_t *p) {
+    return running(d, c, p, 1);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, fake_process_info_t *p) {
+    return running(d, c, p, 1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fake_utilization_t *u) {
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || !u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_proc procs[MAX_PROCS];
+    int util[MAX_DEVICES];
+    int n = read_control(procs, util, count());
+    unsigned sum = 0;
+    for (int k = 0; k < n; k++)
+        sum += procs[k].gpu == d->index ? procs[k].sm : 0;
+    u->gpu = util[d->index] >= 0 ? (unsigned)util[d->index] : sum > 100 ? 100 : sum;
+    u->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* one sample per process of the GPU with an SM%, stamped now (us since the epoch, as NVML); NOT_FOUND when none */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, fake_process_sample_t *s, unsigned int *cnt,
+                                                    unsigned long long last_seen) {
+    if (!inited)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || !cnt)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    (void)last_seen;
+    struct fake_proc procs[MAX_PROCS];
+    int util[MAX_DEVICES];
+    int n = read_control(procs, util, count());
+    unsigned found = 0;
+    for (int k = 0; k < n; k++)
+        found += procs[k].gpu == d->index;
+    if (!found)
+        return NVML_ERROR_NOT_FOUND;
+    if (!s || found > *cnt) {
+        *cnt = found;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+    unsigned i = 0;
+    for (int k = 0; k < n; k++)
+        if (procs[k].gpu == d->index)
+            s[i++] = (fake_process_sample_t){procs[k].pid, now, procs[k].sm, 0, 0, 0};
+    *cnt = found;
+    return NVML_SUCCESS;
+}
+
 EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
     case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
     default: return "Unknown Error";
     }

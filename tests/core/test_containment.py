@@ -1,0 +1,76 @@
+"""Containment's decisions on a virtual clock: who is unmanaged, who is killed, which instance is over its memory."""
+
+from __future__ import annotations
+
+from arbiterd.core.containment import Containment, GpuProcess
+from arbiterd.core.effects import NS_PER_MS
+from arbiterd.core.settings import MEMORY_ENFORCE, UNMANAGED, GpuSettings
+
+MIB = 1 << 20
+
+
+def gpu(unmanaged: str = "report", memory_enforce: str = "report", grace_ms: int = 1000,
+        allowance: int = 100 * MIB) -> GpuSettings:
+    return GpuSettings(unmanaged=UNMANAGED.index(unmanaged), memory_enforce=MEMORY_ENFORCE.index(memory_enforce),
+                       memory_grace_ms=grace_ms, memory_allowance=allowance)
+
+
+def no_limit(inst: str) -> int | None:
+    return None
+
+
+def test_an_unmanaged_process_is_new_once_and_listed_while_it_runs() -> None:
+    c = Containment()
+    procs = [GpuProcess(10, MIB, "abc"), GpuProcess(11, MIB, "abc", managed=True), GpuProcess(12, MIB, "host",
+                                                                                              exempt=True)]
+    first = c.observe(0, 0, procs, gpu(), no_limit)
+    assert [p.pid for p in first.new] == [10] and [p.pid for p in first.unmanaged] == [10] and not first.kills
+    second = c.observe(0, 500 * NS_PER_MS, procs, gpu(), no_limit)
+    assert second.new == [] and [p.pid for p in second.unmanaged] == [10]
+    assert c.first_seen == {(0, 10): 0}
+    c.observe(0, NS_PER_MS * 1000, [], gpu(), no_limit)
+    assert c.first_seen == {}
+    assert c.observe(0, 0, procs, gpu("allow"), no_limit).unmanaged == []
+
+
+def test_kill_kills_each_unmanaged_process_once_at_the_poll_that_sees_it() -> None:
+    c = Containment()
+    procs = [GpuProcess(10, MIB, "abc"), GpuProcess(11, MIB, "abc", managed=True)]
+    kills = c.observe(0, 0, procs, gpu("kill"), no_limit).kills
+    assert [(k.pid, k.reason) for k in kills] == [(10, "unmanaged")]
+    c.killed(kills[0])
+    assert c.observe(0, 1, procs, gpu("kill"), no_limit).kills == []  # still listed (NVML lags): not again
+    assert c.kills[(0, "unmanaged")] == 1
+
+
+def test_an_instance_over_its_limit_past_the_grace_loses_its_largest_process_or_is_reported() -> None:
+    limit = {"a": 1000 * MIB}.get
+    procs = [GpuProcess(1, 700 * MIB, "a", managed=True), GpuProcess(2, 600 * MIB, "a"), GpuProcess(3, 5000 * MIB, "b")]
+    for mode in ("report", "kill"):
+        c = Containment()
+        assert c.observe(0, 0, procs, gpu(memory_enforce=mode), limit).breaches == []  # 1300 > 1000 + 2 x 100 MiB
+        assert c.observe(0, 999 * NS_PER_MS, procs, gpu(memory_enforce=mode), limit).kills == []  # within the grace
+        seen = c.observe(0, 1000 * NS_PER_MS, procs, gpu(memory_enforce=mode), limit)
+        assert [(b.instance, b.used, b.limit) for b in seen.breaches] == [("a", 1300 * MIB, 1200 * MIB)]
+        assert [k.pid for k in seen.kills] == ([1] if mode == "kill" else [])
+        assert c.breaches[0] == 1
+    within = [GpuProcess(1, 700 * MIB, "a"), GpuProcess(2, 600 * MIB, "a"), GpuProcess(4, 0, "a")]
+    c = Containment()  # a third process brings its own context's allowance: 1300 <= 1000 + 3 x 100 MiB
+    assert c.observe(0, 0, within, gpu(memory_enforce="kill", grace_ms=0), limit).kills == []
+
+
+def test_the_oom_kill_waits_for_its_victim_and_a_stretch_under_the_limit_starts_the_grace_again() -> None:
+    limit = {"a": 100 * MIB}.get
+    procs = [GpuProcess(1, 300 * MIB, "a"), GpuProcess(2, 200 * MIB, "a")]
+    c = Containment()
+    s = gpu(memory_enforce="kill", grace_ms=0, allowance=0)
+    kills = c.observe(0, 0, procs, s, limit).kills
+    assert [k.pid for k in kills] == [1]
+    c.killed(kills[0])
+    assert c.observe(0, 1, procs, s, limit).kills == []  # pid 1 still listed: its memory is not back yet
+    assert [k.pid for k in c.observe(0, 2, procs[1:], s, limit).kills] == [2]
+    c = Containment()
+    s = gpu(memory_enforce="kill", grace_ms=10, allowance=0)
+    c.observe(0, 0, procs, s, limit)
+    c.observe(0, 5 * NS_PER_MS, [], s, limit)  # under: the grace starts again
+    assert c.observe(0, 12 * NS_PER_MS, procs, s, limit).kills == []
