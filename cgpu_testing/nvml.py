@@ -31,7 +31,7 @@ class Proc:
     pid: int
     used: int  # bytes
     kind: str = "compute"  # or graphics
-    sm: int = 0  # its utilization, %
+    sm: int | str = 0  # its utilization, %; "cpu": the CPU it used since NVML was last asked
 
 
 @dataclass
@@ -50,7 +50,7 @@ class FakeNvml:
         return {"LD_LIBRARY_PATH": str(fakes_dir()), "FAKENVML_CONTROL": str(self.path),
                 "FAKECUDA_DEVICES": str(self.gpus), "FAKECUDA_MEM_MB": str(self.mem_mb)}
 
-    def run(self, pid: int, used: int, gpu: int = 0, kind: str = "compute", sm: int = 0) -> None:
+    def run(self, pid: int, used: int, gpu: int = 0, kind: str = "compute", sm: int | str = 0) -> None:
         """Process ``pid`` has a context on ``gpu`` using ``used`` bytes (replacing what was said of it there)."""
         self.procs = [p for p in self.procs if (p.gpu, p.pid) != (gpu, pid)] + [Proc(gpu, pid, used, kind, sm)]
         self.write()
@@ -62,6 +62,7 @@ class FakeNvml:
     def write(self) -> None:
         lines = [f"proc {p.gpu} {p.pid} {p.used} {p.kind} {p.sm}\n" for p in self.procs]
         lines += [f"util {g} {pct}\n" for g, pct in sorted(self.util.items())]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(lines))
         tmp.replace(self.path)  # the fake reads it at every call: never half-written

@@ -32,6 +32,7 @@ from arbiterd.server.nvml import ProcessSource, open_nvml
 from arbiterd.server.persist import StateStore
 from arbiterd.server.sockets import StartupError, bind_unix, group_id, load_token, secure_dir
 from arbiterd.server.systemd import Notifier, listen_fds
+from arbiterd.server.throttle import Throttle
 from arbiterd.server.watch import Watcher
 
 log = logging.getLogger("arbiterd")
@@ -172,7 +173,9 @@ class Daemon:
         source = open_nvml([g.index for g in self.hub.gpus])
         if source is not None:
             self._source = source
-            self._tasks.append(asyncio.create_task(self._watch(self.hub.watch(source))))
+            watcher = self.hub.watch(source)
+            watcher.throttle = Throttle(self.hub, asyncio.get_running_loop(), source.busy)
+            self._tasks.append(asyncio.create_task(self._watch(watcher)))
 
     async def _watch(self, watcher: Watcher) -> None:
         gpus = [g.index for g in self.hub.gpus]
@@ -216,6 +219,8 @@ class Daemon:
         self.notifier.send("STOPPING=1")
         for server in self._servers:
             server.close()
+        if self.hub.watcher is not None and self.hub.watcher.throttle is not None:
+            self.hub.watcher.throttle.close()  # nothing stays frozen once the daemon is gone
         for peer in list(self.hub.peers.values()):
             peer.close()
         for server in self._servers:

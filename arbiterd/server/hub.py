@@ -407,7 +407,8 @@ class Hub:
             return self.arbiter.mem_limit(rec) if rec is not None else None
 
         self.watcher = Watcher(source, self.identity, self.containment,
-                               lambda: {p.pid for p in self.peers.values() if p.instance is not None}, limit,
+                               lambda: {p.pid for p in self.peers.values()
+                                        if p.instance is not None and not getattr(p, "proxy", False)}, limit,
                                lambda gpu: self.arbiter.scheds[gpu].settings, lambda: self.config.unmanaged_allow)
         return self.watcher
 

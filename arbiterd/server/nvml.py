@@ -32,6 +32,10 @@ class ProcessSource(Protocol):
         """The GPU's utilization (%) over NVML's last sample period; None when it cannot be read."""
         ...
 
+    def busy(self, gpu: int) -> dict[int, int]:
+        """pid -> SM utilization (%) over the samples since the last call, for the processes NVML sampled."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -41,6 +45,7 @@ class Nvml:
     def __init__(self, indices: list[int]) -> None:
         self.handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices}
         self.failed: set[tuple[int, str]] = set()  # (gpu, call) that failed, logged once
+        self.seen_us: dict[int, int] = {}  # gpu -> the newest sample's time stamp read (us)
 
     def processes(self, gpu: int) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -63,6 +68,20 @@ class Nvml:
         except pynvml.NVMLError as exc:
             self._failed(gpu, "utilization", exc)
             return None
+
+    def busy(self, gpu: int) -> dict[int, int]:
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(self.handles[gpu], self.seen_us.get(gpu, 0))
+        except pynvml.NVMLError_NotFound:
+            return {}
+        except pynvml.NVMLError as exc:
+            self._failed(gpu, "process utilization", exc)
+            return {}
+        out: dict[int, list[int]] = {}
+        for s in samples:
+            out.setdefault(int(s.pid), []).append(int(s.smUtil))
+            self.seen_us[gpu] = max(self.seen_us.get(gpu, 0), int(s.timeStamp))
+        return {pid: sum(v) // len(v) for pid, v in out.items()}
 
     def _failed(self, gpu: int, what: str, exc: Exception) -> None:
         if (gpu, what) not in self.failed:

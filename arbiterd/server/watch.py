@@ -22,6 +22,7 @@ from typing import Any
 
 from arbiterd.core.containment import HOST, Containment, GpuProcess, Kill
 from arbiterd.core.errors import CoreError, IdentityError
+from arbiterd.core.settings import UNMANAGED
 from arbiterd.server.identity import IdentityResolver, host_instance, start_time
 from arbiterd.server.nvml import ProcessSource
 
@@ -72,7 +73,8 @@ class Watcher:
             for k in seen.kills:
                 self.kill(k)
             if self.throttle is not None:
-                self.throttle.poll(gpu, now, seen.unmanaged, self.utilization[gpu])
+                throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle"
+                self.throttle.poll(gpu, now, seen.unmanaged, throttling)
 
     def throttled(self, gpu: int) -> set[int]:
         """The pids the throttle holds frozen outside their turns on GPU ``gpu``."""

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_min.h" /* libcgpu_client/native, on the -I path */
 
@@ -130,7 +131,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
 }
 
 /* ---- the control file: one line per fact, '#' starts a comment:
- *   proc GPU PID BYTES [compute|graphics] [SM%]   a process with a context on GPU, its used memory and utilization
+ *   proc GPU PID BYTES [compute|graphics] [SM%|cpu]   a process with a context on GPU, its used memory and
+ *                                                   utilization (cpu: the CPU the process used since the last
+ *                                                   call, as a share of one CPU: the simulated GPU is the CPU)
  *   util GPU PCT                                  the GPU's utilization (default: the sum of its processes' SM%)  */
 #define MAX_PROCS 256
 struct fake_proc {
@@ -138,6 +141,43 @@ struct fake_proc {
     unsigned long long used;
     int graphics;
 };
+static struct { unsigned pid; unsigned long long ticks, ns; } cpu_seen[MAX_PROCS];
+
+static unsigned long long now_ns(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+/* the share of one CPU process pid used since the last time it was asked (0 the first time, or once it is gone) */
+static unsigned cpu_share(unsigned pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    unsigned long long ticks = ut + st, ns = now_ns(CLOCK_MONOTONIC), hz = (unsigned long long)sysconf(_SC_CLK_TCK);
+    int slot = -1;
+    for (int k = 0; k < MAX_PROCS && slot < 0; k++)
+        if (cpu_seen[k].pid == pid || cpu_seen[k].pid == 0)
+            slot = k;
+    if (slot < 0)
+        slot = (int)(pid % MAX_PROCS);
+    unsigned share = 0;
+    if (cpu_seen[slot].pid == pid && ns > cpu_seen[slot].ns)
+        share = (unsigned)((ticks - cpu_seen[slot].ticks) * 1000000000ull / hz * 100 / (ns - cpu_seen[slot].ns));
+    cpu_seen[slot].pid = pid;
+    cpu_seen[slot].ticks = ticks;
+    cpu_seen[slot].ns = ns;
+    return share > 100 ? 100 : share;
+}
 /* nvmlProcessInfo_v2_t/_v3_t, nvmlUtilization_t and nvmlProcessUtilizationSample_t, as nvml.h lays them out */
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
     fake_process_info_t;
@@ -162,7 +202,9 @@ static int read_control(struct fake_proc *procs, int *util, unsigned ndev) {
         if (sscanf(line, " proc %u %u %llu %15s %u", &gpu, &pid, &used, kind, &sm) >= 3) {
             if (gpu >= ndev || n >= MAX_PROCS)
                 continue;
-            procs[n] = (struct fake_proc){gpu, pid, sm > 100 ? 100 : sm, used, strcmp(kind, "graphics") == 0};
+            if (strstr(line, " cpu"))
+                sm = 101; /* measured when asked: cpu_share */
+            procs[n] = (struct fake_proc){gpu, pid, sm > 101 ? 100 : sm, used, strcmp(kind, "graphics") == 0};
             n++;
         } else if (sscanf(line, " util %u %d", &gpu, &pct) == 2 && gpu < ndev) {
             util[gpu] = pct < 0 ? 0 : pct > 100 ? 100 : pct;
@@ -220,7 +262,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fake_utilizati
     int n = read_control(procs, util, count());
     unsigned sum = 0;
     for (int k = 0; k < n; k++)
-        sum += procs[k].gpu == d->index ? procs[k].sm : 0;
+        sum += procs[k].gpu == d->index && procs[k].sm <= 100 ? procs[k].sm : 0;
     u->gpu = util[d->index] >= 0 ? (unsigned)util[d->index] : sum > 100 ? 100 : sum;
     u->memory = 0;
     return NVML_SUCCESS;
@@ -246,13 +288,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, fake_process
         *cnt = found;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+    unsigned long long now = now_ns(CLOCK_REALTIME) / 1000;
     unsigned i = 0;
     for (int k = 0; k < n; k++)
         if (procs[k].gpu == d->index)
-            s[i++] = (fake_process_sample_t){procs[k].pid, now, procs[k].sm, 0, 0, 0};
+            s[i++] = (fake_process_sample_t){procs[k].pid, now, procs[k].sm > 100 ? cpu_share(procs[k].pid)
+                                                                                   : procs[k].sm, 0, 0, 0};
     *cnt = found;
     return NVML_SUCCESS;
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from arbiterd.core.containment import Containment, GpuProcess
 from arbiterd.core.effects import NS_PER_MS
-from arbiterd.core.settings import MEMORY_ENFORCE, UNMANAGED, GpuSettings
+from arbiterd.core.settings import MEMORY_ENFORCE, UNMANAGED, GpuSettings, InstanceSettings
 
 MIB = 1 << 20
 
@@ -74,3 +74,32 @@ def test_the_oom_kill_waits_for_its_victim_and_a_stretch_under_the_limit_starts_
     c.observe(0, 0, procs, s, limit)
     c.observe(0, 5 * NS_PER_MS, [], s, limit)  # under: the grace starts again
     assert c.observe(0, 12 * NS_PER_MS, procs, s, limit).kills == []
+
+
+def test_time_charged_outside_the_leases_comes_off_the_offenders_turns_so_its_share_converges() -> None:
+    """Policy 1, two busy instances 1:1 on the virtual clock; after each of b's turns its frozen container's queued
+    work runs on for 30 % of a turn, which is charged to b. Counting that work, each gets half the GPU (± 1 pp),
+    where without the charge b would get 1.3 / 2.3 = 57 %."""
+    from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
+    from arbiterd.core.effects import GrantLease
+
+    arb = Arbiter([GpuInfo(0, "sim", "GPU-a", 1 << 34, True)], ArbiterConfig(), {0: GpuSettings(slice_ms=10)})
+    for cid, name in ((1, "a"), (2, "b")):
+        arb.connect(cid, 1000 + cid, 0)
+        arb.register(cid, name, [0], {0: InstanceSettings()}, 0)
+    now, extra = 0, 0
+    pending = arb.acquire(1, 0, now) + arb.acquire(2, 0, now)
+    sched = arb.scheds[0]
+    for step in range(600):
+        if step == 100:  # past the first lone lease (extended while b had not asked yet)
+            a0, b0, extra = sched.held_ns("a", now), sched.held_ns("b", now), 0
+        grant = next(e for e in pending if isinstance(e, GrantLease))
+        now = grant.deadline_ns
+        pending, _ = arb.release(grant.client, 0, grant.lease, now, again=True)
+        if grant.client == 2:
+            arb.charge_outside(0, "b", 3 * NS_PER_MS)  # it ran 3 ms past the freeze, beside a's turn
+            extra += 3 * NS_PER_MS
+        pending = pending or arb.tick(now)
+    a, b = sched.held_ns("a", now) - a0, sched.held_ns("b", now) - b0
+    assert extra > 0 and abs(100 * b / (a + b) - 50) <= 1.0, (a, b, extra)
+    assert 100 * (b - extra) / (a + b - extra) < 45  # its leases alone: less than half, by what it ran outside

@@ -1,0 +1,113 @@
+"""``unmanaged = throttle`` with real processes in real container cgroups: the offender's container is frozen
+outside its turns, the managed tenant beside it gets its half of the CPU back, and what the offender ran while frozen
+is billed to its instance.
+
+The two tenants are pinned to one CPU so that they contend; shares are each one's CPU time over the window, as a share
+of the two together (the other users of this CPU take what they take from both)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from arbiterd.core.settings import InstanceSettings
+from arbiterd.server.cgroups import CgroupFs
+from arbiterd.server.hub import Hub
+from arbiterd.server.throttle import Throttle, freezer_of
+from cgpu_testing.containers import Containers
+
+MS = 1_000_000
+
+
+def needs_freezer(tmp: Path) -> Containers:
+    c = Containers(tmp, freezer=True)
+    if not c.real or (c.freezer is None and c.hierarchy != Path("/sys/fs/cgroup")):
+        pytest.skip("needs root and a cgroup freezer (v1 freezer or v2) to freeze a container")
+    if shutil.which("gcc") is None or shutil.which("taskset") is None:
+        pytest.skip("needs gcc (the fake NVML) and taskset (one CPU for both tenants)")
+    return c
+
+
+def pair_share(r: dict[str, float]) -> float:
+    return 100 * r["victim_pct"] / (r["victim_pct"] + r["offender_pct"])
+
+
+def test_throttle_gives_a_managed_tenant_its_half_where_report_does_not(short_tmp: Path) -> None:
+    """1:1, the offender three busy processes: under report the managed tenant gets about a quarter of the CPU the
+    two use; under throttle 50 +- 5 %."""
+    needs_freezer(short_tmp)
+    from bench.containment import shares
+
+    report = shares(short_tmp / "r", "report", 6.0)
+    throttle = shares(short_tmp / "t", "throttle", 6.0)
+    assert throttle["throttled"] == 1.0 and report["throttled"] == 0.0
+    assert abs(pair_share(throttle) - 50) <= 5, throttle
+    assert pair_share(report) < 40, report
+
+
+def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_changes(short_tmp: Path) -> None:
+    containers = needs_freezer(short_tmp)
+    from bench.containment import start_offender
+    from cgpu_testing.daemon import DaemonProc
+    from cgpu_testing.nvml import FakeNvml
+
+    nvml = FakeNvml(short_tmp / "nvml.ctl")
+    d = DaemonProc(short_tmp / "d", *containers.daemon_args(), "--nvml-poll-ms", "100", "--unmanaged", "throttle",
+                   env=nvml.env()).start()
+    cid = containers.new_id()
+    offender = start_offender(containers, cid)
+    try:
+        state = freezer_of(Path("/proc"), offender.pid, CgroupFs(Path("/proc")))
+        assert state is not None
+        nvml.run(offender.pid, 100 << 20, sm="cpu")
+        time.sleep(0.5)
+        assert [u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]] == [True]
+        assert cid[:12] in [i["id"] for i in d.status()["gpus"][0]["instances"]]  # scheduled as a tenant
+        d.echo("report", "0/unmanaged")
+        time.sleep(0.3)
+        assert _thawed(state)
+        d.echo("throttle", "0/unmanaged")
+        time.sleep(0.3)
+        nvml.gone(offender.pid)
+        time.sleep(0.3)
+        assert _thawed(state)
+        nvml.run(offender.pid, 100 << 20, sm="cpu")
+        time.sleep(0.3)
+        d.stop()  # a daemon that stops leaves nothing frozen
+        assert _thawed(state)
+        assert "throttling container" in d.read_log()
+    finally:
+        offender.kill()
+        offender.wait()
+        if d.running():
+            d.stop()
+        containers.cleanup()
+
+
+def _thawed(path: Path) -> bool:
+    for _ in range(100):
+        if path.read_text().strip() in ("THAWED", "0"):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub) -> None:
+    """NVML says the frozen offender's process kept the GPU 40 % busy for 100 ms: 40 ms go on its instance's bill."""
+    hub.arbiter.provision("c0ffee", [0], InstanceSettings(), 0)
+    throttle = Throttle(hub, None, lambda gpu: {4242: 40})  # type: ignore[arg-type]
+    proxy = SimpleNamespace(frozen_since=0, instance="c0ffee", close=lambda: None)
+    throttle.proxies[(0, "c0ffee" * 10)] = proxy  # type: ignore[assignment]
+    throttle.pids[(0, "c0ffee" * 10)] = {4242}
+    before = hub.arbiter.scheds[0].held_ns("c0ffee", 0)
+    throttle._charge(0, 1000 * MS)
+    throttle._charge(0, 1100 * MS)
+    assert hub.arbiter.scheds[0].held_ns("c0ffee", 0) - before == 40 * MS
+    assert throttle.charged_ns[0] == 40 * MS
+    proxy.frozen_since = None  # in its turn: what it runs is its lease's, not billed again
+    throttle._charge(0, 1200 * MS)
+    assert throttle.charged_ns[0] == 40 * MS
