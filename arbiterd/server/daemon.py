@@ -32,7 +32,7 @@ from arbiterd.server.nvml import ProcessSource, open_nvml
 from arbiterd.server.persist import StateStore
 from arbiterd.server.sockets import StartupError, bind_unix, group_id, load_token, secure_dir
 from arbiterd.server.systemd import Notifier, listen_fds
-from arbiterd.server.throttle import Throttle
+from arbiterd.server.throttle import Throttle, thaw_left
 from arbiterd.server.watch import Watcher
 
 log = logging.getLogger("arbiterd")
@@ -174,7 +174,9 @@ class Daemon:
         if source is not None:
             self._source = source
             watcher = self.hub.watch(source)
-            watcher.throttle = Throttle(self.hub, asyncio.get_running_loop(), source.busy)
+            record = Path(self.hub.config.run_dir) / "frozen"
+            thaw_left(record)
+            watcher.throttle = Throttle(self.hub, asyncio.get_running_loop(), source.busy, record)
             self._tasks.append(asyncio.create_task(self._watch(watcher)))
 
     async def _watch(self, watcher: Watcher) -> None:

@@ -145,11 +145,27 @@ class Proxy:
         self.hub.detach(self.cid)
 
 
-class Throttle:
-    """The proxies of the offenders' containers, per GPU, kept in step with what NVML shows."""
+def thaw_left(record: Path) -> None:
+    """Thaw what a daemon that died while throttling left frozen (its record of what it froze), once, at start."""
+    try:
+        paths = record.read_text().split("\n")
+    except OSError:
+        return
+    for line in filter(None, paths):
+        path = Path(line)
+        ours = path.name in ("freezer.state", "cgroup.freeze") and outermost_container(str(path.parent)) is not None
+        if ours and set_frozen(path, False) >= 0:
+            log.warning("thawed %s, left frozen by a daemon that stopped while it throttled it", path.parent)
+    record.unlink(missing_ok=True)
 
-    def __init__(self, hub: Any, loop: asyncio.AbstractEventLoop, busy: Callable[[int], dict[int, int]]) -> None:
-        self.hub, self.loop, self.busy = hub, loop, busy
+
+class Throttle:
+    """The proxies of the offenders' containers, per GPU, kept in step with what NVML shows; ``record``: where the
+    freezer files of the containers it throttles are listed, so that the next daemon thaws them if this one dies."""
+
+    def __init__(self, hub: Any, loop: asyncio.AbstractEventLoop, busy: Callable[[int], dict[int, int]],
+                 record: Path | None = None) -> None:
+        self.hub, self.loop, self.busy, self.record = hub, loop, busy, record
         self.proxies: dict[tuple[int, str], Proxy] = {}  # (gpu, container id) -> its proxy
         self.pids: dict[tuple[int, str], set[int]] = {}
         self.told: set[tuple[int, int]] = set()  # (gpu, pid) of host processes already logged
@@ -171,14 +187,28 @@ class Throttle:
                 continue
             want.setdefault(proc.container, []).append(proc)
         self._charge(gpu, now)
-        for key in [k for k in self.proxies if k[0] == gpu and k[1] not in want]:
+        gone = [k for k in self.proxies if k[0] == gpu and k[1] not in want]
+        for key in gone:
             self.proxies.pop(key).close()
             self.pids.pop(key, None)
+        new = [c for c in want if (gpu, c) not in self.proxies]
         for container, procs in want.items():
-            key = (gpu, container)
-            self.pids[key] = {pr.pid for pr in procs}
-            if key not in self.proxies:
+            self.pids[(gpu, container)] = {pr.pid for pr in procs}
+            if container in new:
                 self._start(gpu, container, procs[0])
+        if gone or new:
+            self._write_record()
+
+    def _write_record(self) -> None:
+        if self.record is None:
+            return
+        text = "".join(f"{p.freezer}\n" for p in self.proxies.values())
+        try:
+            tmp = self.record.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(self.record)
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.record, exc.strerror)
 
     def _start(self, gpu: int, container: str, proc: GpuProcess) -> None:
         resolver = self.hub.identity
@@ -222,3 +252,5 @@ class Throttle:
             proxy.close()
         self.proxies.clear()
         self.pids.clear()
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ test's uid (instance ``uid-<uid>``), so no cgroup or root is needed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,11 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from arbiterd.tools.adminclient import AdminClient
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.nvml import FakeNvml
+from cgpu_testing.tools import ROOT
 
 pytest.importorskip("pynvml")
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the fake NVML library")
@@ -71,6 +74,7 @@ def test_an_unmanaged_process_is_reported_everywhere_and_logged_once(daemon_fact
     assert (row["pid"], row["instance"], row["mem_used"], row["throttled"]) == (sleeper.pid, ME, 300 * MIB, False)
     assert row["exe"] == os.path.realpath(shutil.which("sleep") or "")
     assert gpu0(d)["nvml_memory"] == {ME: 300 * MIB} and gpu0(d)["utilization_pct"] == 40
+    jsonschema.validate(d.status(), json.loads((ROOT / "docs" / "status.schema.json").read_text()))
     smi = subprocess.run([sys.executable, "-m", "arbiterd.tools.smi", "--admin", d.admin], capture_output=True,
                          text=True, check=True).stdout
     assert any(str(sleeper.pid) in line and "UNMANAGED" in line for line in smi.splitlines())

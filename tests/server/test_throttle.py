@@ -8,6 +8,7 @@ of the two together (the other users of this CPU take what they take from both).
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,10 +33,6 @@ def needs_freezer(tmp: Path) -> Containers:
     return c
 
 
-def pair_share(r: dict[str, float]) -> float:
-    return 100 * r["victim_pct"] / (r["victim_pct"] + r["offender_pct"])
-
-
 def test_throttle_gives_a_managed_tenant_its_half_where_report_does_not(short_tmp: Path) -> None:
     """1:1, the offender three busy processes: under report the managed tenant gets about a quarter of the CPU the
     two use; under throttle 50 +- 5 %."""
@@ -45,8 +42,8 @@ def test_throttle_gives_a_managed_tenant_its_half_where_report_does_not(short_tm
     report = shares(short_tmp / "r", "report", 6.0)
     throttle = shares(short_tmp / "t", "throttle", 6.0)
     assert throttle["throttled"] == 1.0 and report["throttled"] == 0.0
-    assert abs(pair_share(throttle) - 50) <= 5, throttle
-    assert pair_share(report) < 40, report
+    assert abs(throttle["victim_pair_pct"] - 50) <= 5, throttle
+    assert report["victim_pair_pct"] < 40, report
 
 
 def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_changes(short_tmp: Path) -> None:
@@ -80,6 +77,13 @@ def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_change
         d.stop()  # a daemon that stops leaves nothing frozen
         assert _thawed(state)
         assert "throttling container" in d.read_log()
+        d.start()
+        time.sleep(0.5)
+        assert d.status()["gpus"][0]["unmanaged_processes"][0]["throttled"]
+        d.stop(signal.SIGKILL)  # one that dies leaves it frozen or thawed, as it was ...
+        nvml.gone(offender.pid)
+        d.start()  # ... and the next one thaws it
+        assert _thawed(state) and "left frozen by a daemon that stopped" in d.read_log()
     finally:
         offender.kill()
         offender.wait()
