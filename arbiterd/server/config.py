@@ -134,8 +134,9 @@ class Config:
                                 "and stop GPU work that bypasses the interposer (ms)", 50, 60_000, "integer",
                                 metavar="MS")
     unmanaged_allow: str | None = setting(None, "processes exempt from the unmanaged setting (host daemons, "
-                                          "monitoring agents): comma-separated executables (/usr/bin/nv-hostengine) "
-                                          "or cgroups, each with everything below it (/system.slice/dcgm.service)",
+                                          "monitoring agents): comma-separated executables of host processes "
+                                          "(/usr/bin/nv-hostengine) or cgroups, each with everything below it "
+                                          "(/system.slice/dcgm.service)",
                                           kind="string", expects="absolute paths, separated by commas",
                                           rule=_allow_list, metavar="PATHS")
     gpu: GpuSettings = field(default_factory=GpuSettings)

@@ -34,9 +34,12 @@ def allow_list(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip().rstrip("/") or "/" for p in (text or "").split(",") if p.strip())
 
 
-def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str]) -> bool:
-    """Whether a process whose executable is ``exe`` and whose cgroup paths are ``cgroups`` is allowed."""
-    return any(exe == e or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups) for e in entries)
+def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container: bool) -> bool:
+    """Whether a process whose executable is ``exe`` and whose cgroup paths are ``cgroups`` is allowed. An
+    executable counts for host processes only: a container may ship any path (the host reads a container's
+    executable as the container names it)."""
+    return any((exe == e and not in_container) or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups)
+               for e in entries)
 
 
 class Watcher:
@@ -98,8 +101,8 @@ class Watcher:
                 instance = host_instance(uid) if container is None else instance
         except (OSError, IdentityError):
             pass  # it exited, or its cgroup cannot be read: HOST
-        return GpuProcess(pid, used, instance, pid in managed, bool(entries) and exempt(entries, exe, cgroups),
-                          container, exe)
+        allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
+        return GpuProcess(pid, used, instance, pid in managed, allowed, container, exe)
 
     def kill(self, k: Kill) -> None:
         try:

@@ -22,6 +22,7 @@ import jsonschema
 import pytest
 
 from arbiterd.tools.adminclient import AdminClient
+from cgpu_testing.containers import Containers
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.nvml import FakeNvml
 from cgpu_testing.tools import ROOT
@@ -161,3 +162,25 @@ def test_an_instance_over_its_memory_limit_is_killed_under_kill_and_left_alone_u
                 p.wait()
                 nvml.gone(p.pid)
         time.sleep(2 * POLL_MS / 1000)
+
+
+def test_an_executable_on_the_allow_list_exempts_no_container(daemon_factory: Any, nvml: FakeNvml,
+                                                             short_tmp: Path) -> None:
+    """A container may ship any path: /usr/bin/sleep inside one is unmanaged though /usr/bin/sleep is allowed."""
+    containers = Containers(short_tmp)
+    if not containers.real:
+        pytest.skip("needs root to put a process in a real container cgroup")
+    exe = os.path.realpath(shutil.which("sleep") or "")
+    d = start(daemon_factory, nvml, "--unmanaged-allow", exe)
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        cid = containers.new_id()
+        containers.place(p.pid, cid)
+        nvml.run(p.pid, 100 * MIB)
+        wait_for(lambda: gpu0(d)["unmanaged_processes"])
+        row = gpu0(d)["unmanaged_processes"][0]
+        assert (row["pid"], row["instance"], row["container"]) == (p.pid, cid[:12], cid)
+    finally:
+        p.kill()
+        p.wait()
+        containers.cleanup()
