@@ -54,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from arbiterd.server.config import Config
-from bench import gpu_contain, results
+from bench import results
 from bench.common import has_gpu
+from bench.gpu_contain import run as run_containment
 from bench.gpu_host import (
     RESNET50_RATE,
     TORCH_MEMORY,
@@ -112,13 +113,12 @@ class Proof:
         from libcgpu_client.native import HERE, shim_path
         from libcgpu_client.native import build as nb
 
-        t0 = time.monotonic()
-        self.shim = shim_path() or nb.build_shim(HERE)
+        t0, self.shim = time.monotonic(), shim_path() or nb.build_shim(HERE)
         self.job = build_job(self.tmp / "build" / "cuda_job")
         if self.fake:
             fakes = build_fakes(self.tmp / "fakes")
             self.env = {"LD_LIBRARY_PATH": str(fakes), "FAKECUDA_DEVICES": "1", "FAKECUDA_MEM_MB": "16384",
-                        "FAKENVML_CONTROL": str(self.tmp / "nvml.ctl")}
+                        "FAKENVML_CONTROL": str(self.tmp / "nvml.ctl")}  # what the fake NVML lists: containment
         print(f"libcgpu.so ({self.shim}) and the CUDA job program ready in {time.monotonic() - t0:.1f} s", flush=True)
 
     def start_daemon(self) -> None:
@@ -412,7 +412,7 @@ class Proof:
             raise RuntimeError(f"the CUDA program at 1:2 got {ratio:.3f}")
 
     def containment(self, p: Part) -> None:
-        gpu_contain.run(self, p.figures)  # a CUDA program around the shim: seen, killed, and over its memory
+        run_containment(self, p.figures)  # a CUDA program around the shim: seen, killed, and over its memory
 
     # ------------------------------------------------------------------- report
     def summary(self) -> str:

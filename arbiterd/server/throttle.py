@@ -178,6 +178,8 @@ class Throttle:
     def poll(self, gpu: int, now: int, unmanaged: list[GpuProcess], throttling: bool) -> None:
         """What NVML's poll of ``gpu`` showed unmanaged; ``throttling``: the GPU's setting is throttle."""
         want: dict[str, list[GpuProcess]] = {}
+        listed = {(gpu, proc.pid) for proc in unmanaged}
+        self.told = {k for k in self.told if k[0] != gpu or k in listed}
         for proc in unmanaged if throttling else []:
             if proc.container is None:
                 if (gpu, proc.pid) not in self.told:
