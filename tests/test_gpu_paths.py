@@ -48,7 +48,6 @@ def fake_pynvml(count: int = 2, fail_init: bool = False, raw_bytes: bool = False
     mod.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []  # type: ignore[attr-defined]
     mod.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=0, memory=0)  # type: ignore[attr-defined]
     mod.nvmlDeviceGetProcessUtilization = lambda h, t: []  # type: ignore[attr-defined]
-    mod.NVMLError_NotFound = FakeNVMLError  # type: ignore[attr-defined]
     mod.state = state  # type: ignore[attr-defined]
     return mod
 

@@ -19,6 +19,7 @@ except ImportError:  # no nvidia-ml-py: nothing is polled
     pynvml = None
 
 log = logging.getLogger("arbiterd.nvml")
+NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND (nvml.h)
 
 
 class ProcessSource(Protocol):
@@ -72,10 +73,9 @@ class Nvml:
     def busy(self, gpu: int) -> dict[int, int]:
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(self.handles[gpu], self.seen_us.get(gpu, 0))
-        except pynvml.NVMLError_NotFound:
-            return {}
         except pynvml.NVMLError as exc:
-            self._failed(gpu, "process utilization", exc)
+            if getattr(exc, "value", None) != NOT_FOUND:  # NOT_FOUND: no process sampled since the time stamp
+                self._failed(gpu, "process utilization", exc)
             return {}
         out: dict[int, list[int]] = {}
         for s in samples:
