@@ -130,3 +130,6 @@ class Containers:
             with contextlib.suppress(OSError):
                 (group / "freezer.state").write_text("THAWED")
         remove_cgroups(*self.made)
+        if self.freezer is not None:
+            with contextlib.suppress(OSError):  # the freezer's docker/ too, once no test has a container in it
+                (self.freezer / "docker").rmdir()
