@@ -18,7 +18,7 @@ import pytest
 from arbiterd.core.settings import InstanceSettings
 from arbiterd.server.cgroups import CgroupFs
 from arbiterd.server.hub import Hub
-from arbiterd.server.throttle import Throttle, freezer_of
+from arbiterd.server.throttle import Throttle, freezer_of, set_frozen
 from cgpu_testing.containers import Containers
 
 MS = 1_000_000
@@ -115,3 +115,24 @@ def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub) -> None:
     proxy.frozen_since = None  # in its turn: what it runs is its lease's, not billed again
     throttle._charge(0, 1200 * MS)
     assert throttle.charged_ns[0] == 40 * MS
+
+
+def test_the_freezer_is_found_on_cgroup_v1_and_v2(tmp_path: Path) -> None:
+    """v1: the container's group in the freezer hierarchy (freezer.state, FROZEN/THAWED); v2: its one group
+    (cgroup.freeze, 1/0); a process in no container has none. A fake /proc and cgroup fs, so it runs anywhere."""
+    from cgpu_testing.containers import fake_cgroup
+
+    cid = "ab" * 32
+    cases = {101: (f"6:freezer:/docker/{cid}\n8:pids:/docker/{cid}", "freezer", "freezer.state", "FROZEN"),
+             102: (f"0::/system.slice/docker-{cid}.scope", "unified", "cgroup.freeze", "1")}
+    for pid, (lines, hierarchy, name, frozen) in cases.items():
+        proc = tmp_path / f"proc{pid}"
+        fake_cgroup(proc, pid, lines)
+        groups = [d for d in (tmp_path / f"proc{pid}-cgroupfs").iterdir() if d.name.startswith(hierarchy)]
+        target = next(groups[0].rglob(f"*{cid}*"))
+        (target / name).write_text("")
+        found = freezer_of(proc, pid, CgroupFs(proc))
+        assert found == target / name
+        assert set_frozen(found, True) >= 0 and found.read_text() == frozen
+    fake_cgroup(tmp_path / "proc103", 103, "0::/user.slice/user-0.slice")
+    assert freezer_of(tmp_path / "proc103", 103, CgroupFs(tmp_path / "proc103")) is None
