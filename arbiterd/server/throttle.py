@@ -91,7 +91,8 @@ class Proxy:
         self.timer: asyncio.TimerHandle | None = None
         self.frozen_since: int | None = None
         self.closed = False
-        set_frozen(freezer, True)
+        if set_frozen(freezer, True) < 0:
+            raise OSError(f"cannot freeze {freezer.parent}")
         self.frozen_since = time.monotonic_ns()
         self.cid = hub.attach(self)
 
@@ -169,11 +170,12 @@ class Throttle:
         self.proxies: dict[tuple[int, str], Proxy] = {}  # (gpu, container id) -> its proxy
         self.pids: dict[tuple[int, str], set[int]] = {}
         self.told: set[tuple[int, int]] = set()  # (gpu, pid) of host processes already logged
+        self.failed: set[tuple[int, str]] = set()  # (gpu, container) that could not be frozen: reported only
         self.charged_ns: dict[int, int] = {}  # gpu -> GPU time billed for work that ran while frozen
         self.last_poll: dict[int, int] = {}
 
     def throttled(self, gpu: int) -> set[int]:
-        return {pid for (g, _), pids in self.pids.items() if g == gpu for pid in pids}
+        return {pid for key, pids in self.pids.items() if key[0] == gpu and key in self.proxies for pid in pids}
 
     def poll(self, gpu: int, now: int, unmanaged: list[GpuProcess], throttling: bool) -> None:
         """What NVML's poll of ``gpu`` showed unmanaged; ``throttling``: the GPU's setting is throttle."""
@@ -194,9 +196,10 @@ class Throttle:
             self.proxies.pop(key).close()
             self.pids.pop(key, None)
         new = [c for c in want if (gpu, c) not in self.proxies]
+        self.failed = {k for k in self.failed if k[0] != gpu or k[1] in want}
         for container, procs in want.items():
             self.pids[(gpu, container)] = {pr.pid for pr in procs}
-            if container in new:
+            if container in new and (gpu, container) not in self.failed:
                 self._start(gpu, container, procs[0])
         if gone or new:
             self._write_record()
@@ -216,11 +219,16 @@ class Throttle:
         resolver = self.hub.identity
         freezer = freezer_of(resolver.proc_root, proc.pid, resolver.fs)
         if freezer is None:
+            self.failed.add((gpu, container))
             log.error("GPU %d: container %s (pid %d): no freezer cgroup found; it is reported, not throttled",
                       gpu, container[:12], proc.pid)
             return
         who = identity.Peer(proc.pid, 0, container, None, identity.start_time(proc.pid))
-        proxy = Proxy(self.hub, gpu, who, freezer, self.loop)
+        try:
+            proxy = Proxy(self.hub, gpu, who, freezer, self.loop)
+        except OSError:  # logged by set_frozen; tried again only once its offender is gone and back
+            self.failed.add((gpu, container))
+            return
         try:
             proxy.start()
         except CoreError as exc:

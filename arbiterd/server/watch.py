@@ -58,6 +58,7 @@ class Watcher:
         self.proc = resolver.proc_root
         self.utilization: dict[int, int | None] = {}
         self.throttle: Any = None  # the throttle (arbiterd/server/throttle.py), where one runs
+        self.cannot: set[tuple[int, int]] = set()  # (gpu, pid) a kill failed for, logged once
 
     def poll(self, gpus: list[int], now: int | None = None) -> None:
         now = time.monotonic_ns() if now is None else now
@@ -110,7 +111,10 @@ class Watcher:
         except ProcessLookupError:
             return
         except OSError as exc:
-            log.error("GPU %d: cannot kill pid %d: %s", k.gpu, k.pid, exc.strerror)
+            if (k.gpu, k.pid) not in self.cannot:  # once a process: it is tried again at every poll
+                self.cannot.add((k.gpu, k.pid))
+                log.error("GPU %d: cannot kill pid %d: %s (arbiterd needs CAP_KILL for other users' processes)",
+                          k.gpu, k.pid, exc.strerror)
             return
         self.containment.killed(k)
         log.warning("GPU %d: killed pid %d: %s", k.gpu, k.pid, k.why)

@@ -136,3 +136,26 @@ def test_the_freezer_is_found_on_cgroup_v1_and_v2(tmp_path: Path) -> None:
         assert set_frozen(found, True) >= 0 and found.read_text() == frozen
     fake_cgroup(tmp_path / "proc103", 103, "0::/user.slice/user-0.slice")
     assert freezer_of(tmp_path / "proc103", 103, CgroupFs(tmp_path / "proc103")) is None
+
+
+def test_a_container_that_cannot_be_frozen_is_reported_with_one_line(hub: Hub, tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """No freezer group (a v1 host without the freezer's), or one whose file cannot be written (a read-only cgroup
+    fs): the container is reported and not throttled, with one log line, not one a poll."""
+    from arbiterd.core.containment import GpuProcess
+    from arbiterd.server.identity import IdentityResolver
+    from cgpu_testing.containers import fake_cgroup
+
+    proc = tmp_path / "proc"
+    cids = {201: "cd" * 32, 202: "ef" * 32}
+    fake_cgroup(proc, 201, f"8:pids:/docker/{cids[201]}")
+    fake_cgroup(proc, 202, f"6:freezer:/docker/{cids[202]}")
+    (next((tmp_path / "proc-cgroupfs").rglob(cids[202])) / "freezer.state").mkdir()  # not writable as a file
+    hub.identity = IdentityResolver("cgroup", str(proc))
+    throttle = Throttle(hub, None, lambda gpu: {})  # type: ignore[arg-type]
+    procs = [GpuProcess(pid, 1, cid[:12], container=cid) for pid, cid in cids.items()]
+    for t in range(3):
+        throttle.poll(0, t * 500 * MS, procs, True)
+    assert throttle.throttled(0) == set() and throttle.proxies == {}
+    assert caplog.text.count("no freezer cgroup found") == 1 and caplog.text.count("cannot freeze") == 1
+    assert hub.peers == {}  # no client stands for them
