@@ -10,7 +10,8 @@ setting at its default but the one the scenario is about:
   unmanaged one (three busy processes in a container, never connected: ``CGPU_DISABLE=true`` in effect), both
   pinned to one CPU, weights 1:1. Under ``unmanaged = report`` the offender takes the CPU three to one; under
   ``throttle`` its container is frozen outside its turns, and each gets its half. Shares are each side's CPU time
-  over the window (``/proc/<pid>/stat``), as a share of the two's together (``victim_share_pct``: other users of
+  over the window (``/proc/<pid>/stat``; the two in a cpu cgroup of ``cpu.shares`` 8192, so that the machine's
+  other work takes little from them), as a share of the two's together (``victim_share_pct``: other users of
   the CPU take from both, more from the one that runs alone) and of the CPU.
 - **kill**: ``unmanaged = kill``; from the moment the fake NVML lists a process to its death (``kill_ms``), and to
   its row in ``status`` under ``report`` (``detect_ms``, the median of several).
@@ -39,7 +40,7 @@ from arbiterd.core.settings import GPU
 from arbiterd.server.config import Config
 from bench import results
 from bench.common import percentile
-from cgpu_testing.containers import Containers
+from cgpu_testing.containers import Containers, remove_cgroups
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.nvml import FakeNvml
 from cgpu_testing.tools import ROOT
@@ -83,6 +84,27 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.
     return time.monotonic() - t0
 
 
+class CpuGroup:
+    """A cgroup v1 cpu group with ``cpu.shares`` 8192 (8 times the default) for the two tenants, so that the rest
+    of the machine's work on their CPU takes little from them: it would take more from the one that runs alone
+    (the managed tenant in its turns) than from three busy processes. None where there is no v1 cpu hierarchy."""
+
+    def __init__(self) -> None:
+        base = Path("/sys/fs/cgroup/cpu")
+        self.path: Path | None = base / f"cgpu-bench-{os.getpid()}" if (base / "cpu.shares").exists() else None
+        if self.path is not None:
+            self.path.mkdir(exist_ok=True)
+            (self.path / "cpu.shares").write_text("8192")
+
+    def join(self, pid: int) -> None:
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        if self.path is not None:
+            remove_cgroups(self.path)
+
+
 def shares(tmp: Path, mode: str, seconds: float) -> dict[str, float]:
     """One 1:1 run beside an offender under ``unmanaged = mode``: each side's CPU share (%) over ``seconds``."""
     containers = Containers(tmp, freezer=True)
@@ -90,11 +112,13 @@ def shares(tmp: Path, mode: str, seconds: float) -> dict[str, float]:
     d = daemon(tmp / "d", nvml, containers, "--unmanaged", mode, "--log-level", "warning")
     cid = containers.new_id()
     procs: list[subprocess.Popen[bytes]] = []
+    shares_group = CpuGroup()
     try:
         victim = subprocess.Popen(["taskset", "-c", CPU, sys.executable, str(GATE), d.sock, f"uid-{os.geteuid()}",
                                    "1", f"busy:{seconds + 10}"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         procs.append(victim)
-        offender = start_offender(containers, cid)
+        shares_group.join(victim.pid)
+        offender = start_offender(containers, cid, shares_group)
         procs.append(offender)
         nvml.run(offender.pid, 300 * MIB, sm="cpu")  # its SM% is the CPU it used: what runs while frozen
         t_listed = time.monotonic()
@@ -122,12 +146,15 @@ def shares(tmp: Path, mode: str, seconds: float) -> dict[str, float]:
             proc.wait()
         d.stop()
         containers.cleanup()
+        shares_group.remove()
 
 
-def start_offender(containers: Containers, cid: str) -> subprocess.Popen[bytes]:
-    """The offender, pinned to the CPU, in container ``cid`` before it forks and spins."""
+def start_offender(containers: Containers, cid: str, group: CpuGroup | None = None) -> subprocess.Popen[bytes]:
+    """The offender, pinned to the CPU, in container ``cid`` (and ``group``) before it forks and spins."""
     proc = subprocess.Popen(["taskset", "-c", CPU, sys.executable, "-c", SPIN], stdin=subprocess.PIPE)
     containers.place(proc.pid, cid)
+    if group is not None:
+        group.join(proc.pid)
     assert proc.stdin is not None
     proc.stdin.write(b"go")
     proc.stdin.close()
