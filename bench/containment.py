@@ -240,7 +240,8 @@ def table(doc: dict[str, Any]) -> str:
     r, t = doc["report"], doc["throttle"]
     return "\n".join([
         f"Defaults: {doc['settings']}. A managed tenant and an unmanaged one (three busy processes in a "
-        f"container) pinned to one CPU, weights 1:1, {doc['seconds']:.0f} s each.",
+        f"container) pinned to one CPU, in a cpu cgroup of cpu.shares 8192 (the machine's other work takes little "
+        f"from them), weights 1:1, {doc['seconds']:.0f} s each.",
         "",
         "| unmanaged | managed tenant's share of the two's CPU time | offender's | target | managed tenant's share "
         "of the CPU | offender's |",
