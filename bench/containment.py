@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arbiterd.core.containment import START_GRACE_NS
 from arbiterd.core.settings import GPU
 from arbiterd.server.config import Config
 from bench import results
@@ -71,7 +72,10 @@ def group_pids(containers: Containers, cid: str) -> list[int]:
 
 
 def daemon(tmp: Path, nvml: FakeNvml, containers: Containers, *args: str) -> DaemonProc:
-    return DaemonProc(tmp, *containers.daemon_args(), *args, env=nvml.env()).start()
+    """arbiterd on the fake NVML, past its first seconds (while clients would reconnect, it acts on nothing)."""
+    d = DaemonProc(tmp, *containers.daemon_args(), *args, env=nvml.env()).start()
+    wait_until(lambda: d.status()["uptime_seconds"] > START_GRACE_NS / 1e9, step=0.05)
+    return d
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.002) -> float:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arbiterd.core.containment import START_GRACE_NS
 from arbiterd.server.config import Config
 from cgpu_testing.nvml import FakeNvml
 
@@ -50,6 +51,8 @@ def run(proof: Any, figures: dict[str, Any]) -> None:
     def row(pid: int) -> dict[str, Any] | None:
         return next((u for u in proof.status()["gpus"][0]["unmanaged_processes"] if u["pid"] == pid), None)
 
+    while proof.status()["uptime_seconds"] <= START_GRACE_NS / 1e9:  # a daemon's first seconds: it acts on nothing
+        time.sleep(0.1)
     try:
         job = start("alloc=256M", "sleep=30000", used=300 * MIB)
         took, seen = _wait(lambda: row(job.pid), 15)

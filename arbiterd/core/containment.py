@@ -8,7 +8,7 @@ and gets back what to do: the processes first seen unmanaged (one log line each)
 the processes to kill and why, and the instances newly over their memory limit.
 
 - ``unmanaged`` (per GPU): ``allow`` ignores them; ``report`` lists them; ``kill``
-  kills each at the poll that first sees it; ``throttle`` leaves them to the
+  kills each at the second poll that sees it; ``throttle`` leaves them to the
   throttle (arbiterd/server/throttle.py), which schedules the offender's container
   as a tenant and freezes it outside its turns.
 - ``memory_enforce`` (per GPU): an instance whose processes use more than its
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from arbiterd.core.effects import NS_PER_MS
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S
 from arbiterd.core.settings import MEMORY_ENFORCE, UNMANAGED, GpuSettings
 
 HOST = "host"  # the instance of a host process that is no client (no uid instance is made for it)
@@ -66,16 +66,25 @@ class Seen:
     """What one poll of one GPU showed and what it led to."""
 
     unmanaged: list[GpuProcess] = field(default_factory=list)  # every unmanaged process now (exempt ones not)
+    actionable: list[GpuProcess] = field(default_factory=list)  # those of them the setting acts on now
     new: list[GpuProcess] = field(default_factory=list)  # first seen at this poll
     kills: list[Kill] = field(default_factory=list)
     breaches: list[Breach] = field(default_factory=list)  # newly past the grace period
     memory: dict[str, int] = field(default_factory=dict)  # bytes per instance, every process of it counted
 
 
-class Containment:
-    """The daemon's memory of what NVML showed: who was first seen when, who has been over since when."""
+START_GRACE_NS = 5 * NS_PER_S  # after a start, clients reconnect (their backoff is at most 2 s): nothing is acted on
 
-    def __init__(self) -> None:
+
+class Containment:
+    """The daemon's memory of what NVML showed: who was first seen when, who has been over since when.
+
+    An unmanaged process is acted on (killed, or throttled) only once it was unmanaged at an earlier poll too (a
+    client between its context and its registration is not), and not in the first ``START_GRACE_NS`` after the
+    daemon started (``started``), while the clients of the daemon before it reconnect."""
+
+    def __init__(self, started: int = -START_GRACE_NS) -> None:
+        self.started = started
         self.first_seen: dict[tuple[int, int], int] = {}  # (gpu, pid) of an unmanaged process -> when (ns)
         self.over_since: dict[tuple[int, str], int] = {}  # (gpu, instance) over its limit -> since when (ns)
         self.reported: set[tuple[int, str]] = set()  # breaches already reported (once per stretch over)
@@ -107,6 +116,9 @@ class Containment:
             if key not in self.first_seen:
                 self.first_seen[key] = now
                 seen.new.append(proc)
+            if self.first_seen[key] == now or now - self.started < START_GRACE_NS:
+                continue
+            seen.actionable.append(proc)
             if mode == "kill" and key not in self.dying:
                 seen.kills.append(Kill(gpu, proc.pid, proc.instance, "unmanaged",
                                        f"pid {proc.pid} ({proc.exe or '?'}, instance {proc.instance}) runs GPU work "

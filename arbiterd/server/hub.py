@@ -111,7 +111,7 @@ class Hub:
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
-        self.containment = Containment()  # what NVML shows that bypasses cgpu (arbiterd/server/watch.py)
+        self.containment = Containment(time.monotonic_ns())  # NVML's view of what bypasses cgpu (server/watch.py)
         self.watcher: Watcher | None = None
 
     # ----------------------------------------------------------- clients

@@ -78,7 +78,7 @@ class Watcher:
                 self.kill(k)
             if self.throttle is not None:
                 throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle"
-                self.throttle.poll(gpu, now, seen.unmanaged, throttling)
+                self.throttle.poll(gpu, now, seen.actionable, throttling)
 
     def throttled(self, gpu: int) -> set[int]:
         """The pids the throttle holds frozen outside their turns on GPU ``gpu``."""

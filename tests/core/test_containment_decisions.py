@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arbiterd.core.containment import Containment, GpuProcess
+from arbiterd.core.containment import START_GRACE_NS, Containment, GpuProcess
 from arbiterd.core.effects import NS_PER_MS
 from arbiterd.core.settings import MEMORY_ENFORCE, UNMANAGED, GpuSettings, InstanceSettings
 
@@ -19,6 +19,15 @@ def no_limit(inst: str) -> int | None:
     return None
 
 
+def test_nothing_is_acted_on_while_the_clients_of_a_restarted_daemon_reconnect() -> None:
+    c = Containment(started=0)
+    procs = [GpuProcess(10, MIB, "abc")]
+    for t in range(0, START_GRACE_NS, START_GRACE_NS // 10):
+        seen = c.observe(0, t, procs, gpu("kill"), no_limit)
+        assert seen.kills == [] and seen.actionable == [] and [p.pid for p in seen.unmanaged] == [10]
+    assert [k.pid for k in c.observe(0, START_GRACE_NS, procs, gpu("kill"), no_limit).kills] == [10]
+
+
 def test_an_unmanaged_process_is_new_once_and_listed_while_it_runs() -> None:
     c = Containment()
     procs = [GpuProcess(10, MIB, "abc"), GpuProcess(11, MIB, "abc", managed=True), GpuProcess(12, MIB, "host",
@@ -33,13 +42,14 @@ def test_an_unmanaged_process_is_new_once_and_listed_while_it_runs() -> None:
     assert c.observe(0, 0, procs, gpu("allow"), no_limit).unmanaged == []
 
 
-def test_kill_kills_each_unmanaged_process_once_at_the_poll_that_sees_it() -> None:
+def test_kill_kills_each_unmanaged_process_once_at_the_second_poll_that_sees_it() -> None:
     c = Containment()
     procs = [GpuProcess(10, MIB, "abc"), GpuProcess(11, MIB, "abc", managed=True)]
-    kills = c.observe(0, 0, procs, gpu("kill"), no_limit).kills
+    assert c.observe(0, 0, procs, gpu("kill"), no_limit).kills == []  # seen once: it may be a client registering
+    kills = c.observe(0, 1, procs, gpu("kill"), no_limit).kills
     assert [(k.pid, k.reason) for k in kills] == [(10, "unmanaged")]
     c.killed(kills[0])
-    assert c.observe(0, 1, procs, gpu("kill"), no_limit).kills == []  # still listed (NVML lags): not again
+    assert c.observe(0, 2, procs, gpu("kill"), no_limit).kills == []  # still listed (NVML lags): not again
     assert c.kills[(0, "unmanaged")] == 1
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from arbiterd.core.containment import START_GRACE_NS
 from arbiterd.tools.adminclient import AdminClient
 from cgpu_testing.containers import Containers
 from cgpu_testing.daemon import DaemonProc
@@ -50,6 +51,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 def start(factory: Any, nvml: FakeNvml, *args: str, sub: str = "d") -> DaemonProc:
     d: DaemonProc = factory.start("--nvml-poll-ms", str(POLL_MS), *args, env=nvml.env(), sub=sub)
     return d
+
 
 
 def gpu0(d: DaemonProc) -> dict[str, Any]:
@@ -122,7 +124,16 @@ def test_the_allow_list_exempts_by_executable_or_cgroup(daemon_factory: Any, nvm
 def test_kill_ends_an_unmanaged_process_within_two_polls_with_a_log_line_and_a_count(
         daemon_factory: Any, nvml: FakeNvml, sleeper: subprocess.Popen[bytes]) -> None:
     d = start(daemon_factory, nvml, "--unmanaged", "kill")
-    time.sleep(POLL_MS / 1000)
+    early = subprocess.Popen(["sleep", "60"])
+    try:  # in the daemon's first seconds, while its clients would reconnect, nothing is killed
+        nvml.run(early.pid, 300 * MIB)
+        time.sleep(3 * POLL_MS / 1000)
+        assert early.poll() is None and [u["pid"] for u in gpu0(d)["unmanaged_processes"]] == [early.pid]
+    finally:
+        early.kill()
+        early.wait()
+        nvml.gone(early.pid)
+    wait_for(lambda: d.status()["uptime_seconds"] > START_GRACE_NS / 1e9, timeout=10)  # its grace from its start
     nvml.run(sleeper.pid, 300 * MIB)
     took = wait_for(lambda: sleeper.poll() is not None)
     assert took < 2 * POLL_MS / 1000 + 0.05, took  # two polls, and 50 ms for a loaded machine

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -61,8 +62,7 @@ def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_change
         state = freezer_of(Path("/proc"), offender.pid, CgroupFs(Path("/proc")))
         assert state is not None
         nvml.run(offender.pid, 100 << 20, sm="cpu")
-        time.sleep(0.5)
-        assert [u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]] == [True]
+        assert _until(lambda: [u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]] == [True])
         assert cid[:12] in [i["id"] for i in d.status()["gpus"][0]["instances"]]  # scheduled as a tenant
         d.echo("report", "0/unmanaged")
         time.sleep(0.3)
@@ -78,8 +78,7 @@ def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_change
         assert _thawed(state)
         assert "throttling container" in d.read_log()
         d.start()
-        time.sleep(0.5)
-        assert d.status()["gpus"][0]["unmanaged_processes"][0]["throttled"]
+        assert _until(lambda: [u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]] == [True])
         d.stop(signal.SIGKILL)  # one that dies leaves it frozen or thawed, as it was ...
         nvml.gone(offender.pid)
         d.start()  # ... and the next one thaws it
@@ -90,6 +89,16 @@ def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_change
         if d.running():
             d.stop()
         containers.cleanup()
+
+
+def _until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether ``cond()`` comes true within ``timeout`` (a daemon's first 5 s: it throttles nothing yet)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _thawed(path: Path) -> bool:
