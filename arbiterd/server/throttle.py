@@ -121,19 +121,40 @@ class Proxy:
         self.timer = self.loop.call_at(msg.deadline_ns / 1e9, self._turn_over)
 
     def _turn_over(self) -> None:
-        """The turn ended (its deadline, or a revoke): freeze, give the lease back, and ask again."""
+        """The turn ended (its deadline, or a revoke): freeze, give the lease back, and ask again. Where managed
+        clients of the same instance share the lease, it is given back first and the freeze waits for them to
+        give it back too (frozen, they could not: the lease would be cut off ``overrun_ms`` late)."""
         if self.closed or self.lease is None:
             return
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.cost_ns += max(0, set_frozen(self.freezer, True))
+        lease, shared = self.lease, self._shared(self.lease)
+        if not shared:
+            self.cost_ns += max(0, set_frozen(self.freezer, True))
+            self.frozen_since = time.monotonic_ns()  # before the release, which may grant the next turn at once
         now = time.monotonic_ns()
-        self.frozen_since = now
-        lease, self.lease = self.lease, None
+        self.lease = None
         used = max(0, now - self.granted_at - self.cost_ns)  # its hand-over: what the freezer's writes took
         with contextlib.suppress(CoreError):
             self.hub.serve(self, p.Release(self.gpu, lease, used, again=True), now)
+        if shared:
+            self._freeze_after(lease, now + self.hub.arbiter.scheds[self.gpu].settings.overrun_ms * 1_000_000)
+
+    def _shared(self, lease: int) -> bool:
+        """Whether another client (a managed process of this container's instance) holds ``lease`` too."""
+        holders = self.hub.arbiter.scheds[self.gpu].holders()
+        return any(held.id == lease and held.clients - {self.cid} for held in holders)
+
+    def _freeze_after(self, lease: int, until: int) -> None:
+        """Freeze once nobody holds ``lease`` (or at ``until``), unless a new turn came first."""
+        if self.closed or self.lease is not None or self.frozen_since is not None:
+            return
+        if self._shared(lease) and time.monotonic_ns() < until:
+            self.timer = self.loop.call_later(0.001, self._freeze_after, lease, until)
+            return
+        set_frozen(self.freezer, True)
+        self.frozen_since = time.monotonic_ns()
 
     def close(self) -> None:
         """Stop throttling: thaw for good and leave the hub."""

@@ -7,6 +7,7 @@ of the two together (the other users of this CPU take what they take from both).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
@@ -168,3 +169,50 @@ def test_a_container_that_cannot_be_frozen_is_reported_with_one_line(hub: Hub, t
     assert throttle.throttled(0) == set() and throttle.proxies == {}
     assert caplog.text.count("no freezer cgroup found") == 1 and caplog.text.count("cannot freeze") == 1
     assert hub.peers == {}  # no client stands for them
+
+
+def test_a_managed_client_in_the_throttled_container_gives_its_lease_back_before_the_freeze(short_tmp: Path) -> None:
+    """The offender's container also runs a managed client (it shares the instance's lease with the daemon's
+    client for the container): the freeze waits for it to give the lease back, so no turn of the container is cut
+    off overrun_ms late, and the host tenant beside it is not made to wait for that."""
+    containers = needs_freezer(short_tmp)
+    import subprocess
+    import sys
+
+    from bench.containment import GATE, daemon, start_offender
+    from cgpu_testing.nvml import FakeNvml
+    from cgpu_testing.tools import ROOT
+
+    nvml = FakeNvml(short_tmp / "nvml.ctl")
+    d = daemon(short_tmp / "d", nvml, containers, "--unmanaged", "throttle")
+    cid = containers.new_id()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        wait_then_run = ("import runpy, sys\nsys.stdin.read(2)\nsys.argv = sys.argv[1:]\n"
+                         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        inside = subprocess.Popen([sys.executable, "-c", wait_then_run, str(GATE), d.sock, cid[:12], "1", "busy:12"],
+                                  stdin=subprocess.PIPE, env=env)
+        procs.append(inside)
+        containers.place(inside.pid, cid)
+        assert inside.stdin is not None
+        inside.stdin.write(b"go")
+        inside.stdin.close()
+        procs.append(subprocess.Popen([sys.executable, str(GATE), d.sock, f"uid-{os.geteuid()}", "1", "busy:12"],
+                                      env=env))
+        offender = start_offender(containers, cid)
+        procs.append(offender)
+        nvml.run(offender.pid, 100 << 20, sm="cpu")
+        assert _until(lambda: any(u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]))
+        before = d.status()["gpus"][0]["overruns"]
+        time.sleep(4.0)
+        gpu = d.status()["gpus"][0]
+        assert gpu["overruns"] - before == 0, gpu["revoked"]
+        ids = {i["id"]: i for i in gpu["instances"]}
+        assert cid[:12] in ids and len(ids[cid[:12]]["pids"]) == 2  # its managed client and the daemon's
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        d.stop()
+        containers.cleanup()
