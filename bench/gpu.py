@@ -20,7 +20,7 @@ budget (8 minutes), each skipped with its reason where what it needs is missing:
    shim's overhead on exclusive ResNet-50 (with and without ``LD_PRELOAD``; without PyTorch on a GPU, ns per
    launch of an empty kernel);
 5. **cuda_ratio**: a CUDA program at 1:2 through the shim, its kernels' work counted;
-6. **containment**: once issue 38 lands.
+6. **containment**: a CUDA program without the shim, seen, killed, and killed over its memory (gpu_contain.py).
 
 Instances are provisioned for this user (``inst_ctl create NAME uid=N``), as an operator would for host processes.
 Where the proof itself runs in a container, every process of it would be that one container, so arbiterd runs with
@@ -56,6 +56,7 @@ from typing import Any
 from arbiterd.server.config import Config
 from bench import results
 from bench.common import has_gpu
+from bench.gpu_contain import run as run_containment
 from bench.gpu_host import (
     RESNET50_RATE,
     TORCH_MEMORY,
@@ -72,7 +73,7 @@ from cgpu_testing.tools import ROOT, tool
 
 PARTS = ("discovery", "memory", "resnet50", "handover", "cuda_ratio", "containment")
 # what each part may take (s): a part starts only if this much of the budget is left
-NEEDS = {"discovery": 10, "memory": 30, "resnet50": 300, "handover": 60, "cuda_ratio": 40, "containment": 0}
+NEEDS = {"discovery": 10, "memory": 30, "resnet50": 300, "handover": 60, "cuda_ratio": 40, "containment": 20}
 GIB = 1 << 30
 MIB = 1 << 20
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -112,12 +113,12 @@ class Proof:
         from libcgpu_client.native import HERE, shim_path
         from libcgpu_client.native import build as nb
 
-        t0 = time.monotonic()
-        self.shim = shim_path() or nb.build_shim(HERE)
+        t0, self.shim = time.monotonic(), shim_path() or nb.build_shim(HERE)
         self.job = build_job(self.tmp / "build" / "cuda_job")
         if self.fake:
             fakes = build_fakes(self.tmp / "fakes")
-            self.env = {"LD_LIBRARY_PATH": str(fakes), "FAKECUDA_DEVICES": "1", "FAKECUDA_MEM_MB": "16384"}
+            self.env = {"LD_LIBRARY_PATH": str(fakes), "FAKECUDA_DEVICES": "1", "FAKECUDA_MEM_MB": "16384",
+                        "FAKENVML_CONTROL": str(self.tmp / "nvml.ctl")}  # what the fake NVML lists: containment
         print(f"libcgpu.so ({self.shim}) and the CUDA job program ready in {time.monotonic() - t0:.1f} s", flush=True)
 
     def start_daemon(self) -> None:
@@ -414,7 +415,7 @@ class Proof:
             raise RuntimeError(f"the CUDA program at 1:2 got {ratio:.3f} (bound {low}..{high})")
 
     def containment(self, p: Part) -> None:
-        raise Skip("containment of work that goes around the interposer is issue 38, not landed yet")
+        run_containment(self, p.figures)  # a CUDA program around the shim: seen, killed, and over its memory
 
     # ------------------------------------------------------------------- report
     def summary(self) -> str:

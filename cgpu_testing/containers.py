@@ -18,6 +18,8 @@ from pathlib import Path
 NOBODY = 65534
 IS_ROOT = os.geteuid() == 0
 _HIERARCHIES = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+FREEZER = Path("/sys/fs/cgroup/freezer")
+V2 = Path("/sys/fs/cgroup")
 
 
 def fake_cgroup(proc_root: Path, pid: int, cgroup: str) -> None:
@@ -89,11 +91,14 @@ def remove_cgroups(*groups: Path) -> None:
 class Containers:
     """Puts processes into containers: real cgroups where it can, else a fake /proc for the daemon to read."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, freezer: bool = False) -> None:
         self.hierarchy = writable_hierarchy()
         self.real = self.hierarchy is not None
         self.proc_root = tmp / "proc"
         self.made: list[Path] = []
+        # with freezer, a container is also a group of the cgroup v1 freezer hierarchy (where there is one; on
+        # cgroup v2 the one hierarchy freezes): unmanaged = throttle freezes it
+        self.freezer = FREEZER if freezer and self.real and FREEZER.is_dir() and self.hierarchy != V2 else None
 
     def daemon_args(self) -> list[str]:
         return [] if self.real else ["--proc-root", str(self.proc_root)]
@@ -107,14 +112,24 @@ class Containers:
         if self.hierarchy is not None:
             if cid is None:
                 return
-            group = self.hierarchy / "docker" / cid
-            group.mkdir(parents=True, exist_ok=True)
-            if group not in self.made:
-                self.made.append(group)
-            (group / "cgroup.procs").write_text(str(pid))
+            for base in (self.hierarchy, self.freezer):
+                if base is None:
+                    continue
+                group = base / "docker" / cid
+                group.mkdir(parents=True, exist_ok=True)
+                if group not in self.made:
+                    self.made.append(group)
+                (group / "cgroup.procs").write_text(str(pid))
             return
         fake_cgroup(self.proc_root, pid, f"/docker/{cid}" if cid else "/user.slice/user-0.slice")
 
     def cleanup(self) -> None:
-        """Remove the cgroups made, ending any process still in one (a child an agent forked, say)."""
+        """Remove the cgroups made, ending any process still in one (a child an agent forked, say); a frozen one is
+        thawed first, so its processes can die."""
+        for group in self.made:
+            with contextlib.suppress(OSError):
+                (group / "freezer.state").write_text("THAWED")
         remove_cgroups(*self.made)
+        if self.freezer is not None:
+            with contextlib.suppress(OSError):  # the freezer's docker/ too, once no test has a container in it
+                (self.freezer / "docker").rmdir()

@@ -46,6 +46,10 @@ def fake_pynvml(count: int = 2, fail_init: bool = False, raw_bytes: bool = False
     mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=24 * 1024**3, free=1, used=2)  # type: ignore[attr-defined]
     mod.nvmlSystemGetDriverVersion = lambda: enc("550.54.15")  # type: ignore[attr-defined]
     mod.nvmlDeviceGetCudaComputeCapability = lambda h: (8, 6)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: []  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=0, memory=0)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetProcessUtilization = lambda h, t: []  # type: ignore[attr-defined]
     mod.state = state  # type: ignore[attr-defined]
     return mod
 

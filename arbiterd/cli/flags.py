@@ -51,7 +51,7 @@ def add_setting_flags(p: Parser, settings: Iterable[Setting[Any]], detailed: boo
                            help=helptext)
             continue
         metavar = s.metavar
-        if metavar is None and s.kind in TREE_KINDS:
+        if metavar is None and s.kind in TREE_KINDS and not s.choices:
             metavar = "N|auto" if s.kind == "auto" else "N"
         p.add_argument(flag_name(s.name), dest=s.name, default=None, type=_TYPES.get(s.kind, str), metavar=metavar,
                        choices=s.choices or None, help=helptext)

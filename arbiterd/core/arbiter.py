@@ -90,6 +90,19 @@ class Arbiter:
         except KeyError:
             raise NotFoundError(f"unknown client {cid}") from None
 
+    def charge_outside(self, gpu: int, name: str, ns: int) -> None:
+        """Bill instance ``name`` on ``gpu`` for ``ns`` of GPU time it used outside its leases (work an unmanaged
+        process queued before it was frozen, as NVML measured it): counted as held and useful, and charged to its
+        virtual time, so its next turns come that much later."""
+        sched = self.scheds[gpu]
+        inst = sched.instances.get(name)
+        if inst is None or ns <= 0:
+            return
+        inst.held_ns += ns
+        inst.useful_ns += ns
+        sched.rq.charge_vtime(inst, ns, sched.policy.vtime_weight(inst))
+        sched.policy.after_charge(inst)
+
     def mem_limit(self, rec: InstanceRecord) -> int:
         total = self.gpus[rec.gpu].total_mem
         size = rec.memsize or self.globals.default_memsize

@@ -53,10 +53,11 @@ class GpuScheduler:
         self.ent = Entitlement(rq.instances, self._shares, now)
         self._setters: dict[str, Callable[[int, int], list[Effect]]] = {
             "policy": self.set_policy, "max_inst": self.set_max_inst, "prio_ratio": self.set_prio_ratio,
-            "slice_ms": self.set_slice_ms, "overrun_ms": self.set_overrun_ms,
-            **{name: functools.partial(self._set_slice_bound, name)
-               for name in ("slice_min_ms", "slice_max_ms", "handover_target_pct", "latency_target_ms",
-                            "handover_max_pct")},
+            "slice_ms": self.set_slice_ms,
+            **{name: functools.partial(self._set_slice_bound, name) for name in (
+                "slice_min_ms", "slice_max_ms", "handover_target_pct", "latency_target_ms", "handover_max_pct")},
+            **{name: functools.partial(self._set_plain, name)
+               for name in ("overrun_ms", "unmanaged", "memory_enforce", "memory_grace_ms", "memory_allowance")},
         }
 
     # ------------------------------------------------------------------ derived
@@ -228,6 +229,12 @@ class GpuScheduler:
         self.check(name, value)
         return self._setters[name](value, now)
 
+    def _set_plain(self, name: str, value: int, now: int) -> list[Effect]:
+        """``overrun_ms``, or a setting the server's containment reads (``unmanaged``, ``memory_*``)."""
+        self.check(name, value)
+        setattr(self.settings, name, value)
+        return self.policy.schedule(now)
+
     def _set_slice_bound(self, name: str, value: int, now: int) -> list[Effect]:
         """``slice_min_ms``, ``slice_max_ms``, ``handover_target_pct``, ``latency_target_ms`` or
         ``handover_max_pct``: what ``slice_ms = auto`` may do."""
@@ -281,11 +288,6 @@ class GpuScheduler:
         GPU["slice_ms"].valid(value)
         self.settings.slice_ms = value
         self._refresh_slice(now)
-        return self.policy.schedule(now)
-
-    def set_overrun_ms(self, value: int, now: int) -> list[Effect]:
-        GPU["overrun_ms"].valid(value)
-        self.settings.overrun_ms = value
         return self.policy.schedule(now)
 
     def check_weight(self, name: str, weight: int) -> None:

@@ -30,10 +30,11 @@ from typing import Any, Generic, Literal, TypeVar, cast
 from arbiterd.core.errors import SettingError
 
 # Numbers of the settings tree, also written as text ("12", "auto", "4GiB"):
-#   int, auto (an int or "auto"), size (bytes, or with a unit), flag (0 or 1), percent (5..100 in steps of 5).
+#   int, auto (an int or "auto"), size (bytes, or with a unit), flag (0 or 1), percent (5..100 in steps of 5),
+#   enum (one of its choices by name; stored as the choice's index, so the tree's tables stay of ints).
 # Program options, given typed by TOML or by the flag's parser:
 #   integer, seconds (int or float), bool, choice, mode (a file mode; octal text from a flag), string, path.
-Kind = Literal["int", "auto", "size", "flag", "percent",
+Kind = Literal["int", "auto", "size", "flag", "percent", "enum",
                "integer", "seconds", "bool", "choice", "mode", "string", "path"]
 Scope = Literal["global", "gpu", "instance", "daemon", "plugin"]
 Rule = Callable[[Any], str | None]  # a further check: None, or what was expected instead
@@ -50,7 +51,7 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 _INT = re.compile(r"^\s*[+-]?\d+\s*$")
 _OCTAL = set("01234567")
-TREE_KINDS = ("int", "auto", "size", "flag", "percent")
+TREE_KINDS = ("int", "auto", "size", "flag", "percent", "enum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ class Setting(Generic[T]):
             return f"an integer {self.lo}..{self.hi}"
         if self.kind == "seconds":
             return f"seconds in ({self.lo:g}, {self.hi:g}]" if self.lo_open else f"seconds {self.lo:g}..{self.hi:g}"
-        if self.kind == "choice":
+        if self.kind in ("choice", "enum"):
             return f"one of {', '.join(self.choices)}"
         return _EXPECTED[self.kind].format(s=self)
 
@@ -95,6 +96,10 @@ class Setting(Generic[T]):
         t = text.strip()
         if self.kind == "auto" and t.lower() == "auto":
             return cast(T, AUTO)
+        if self.kind == "enum":
+            if t not in self.choices:
+                raise self.bad(t)
+            return cast(T, self.choices.index(t))
         if self.kind == "size":
             m = _SIZE.match(t)
             if not m or m.group(2).lower() not in _UNITS:
@@ -118,6 +123,8 @@ class Setting(Generic[T]):
         """``value`` if it is a valid stored value (``AUTO`` included), for code that holds stored values."""
         if self.kind == "auto" and type(value) is int and value == AUTO:
             return cast(T, AUTO)
+        if self.kind == "enum" and type(value) is int and 0 <= value < len(self.choices):
+            return cast(T, value)
         return self.check(value, hi)
 
     def bad(self, value: object) -> SettingError:
@@ -126,10 +133,14 @@ class Setting(Generic[T]):
 
     def format(self, value: Any) -> str:
         """The text a value reads back as."""
+        if self.kind == "enum":
+            return self.choices[cast(int, value)]
         return "auto" if self.kind == "auto" and value == AUTO else str(value)
 
     def external(self, value: Any) -> int | str:
-        """The value as files and documents hold it: ``auto``, or the number."""
+        """The value as files and documents hold it: ``auto``, an enum's name, or the number."""
+        if self.kind == "enum":
+            return self.choices[cast(int, value)]
         return "auto" if self.kind == "auto" and value == AUTO else cast(int, value)
 
     def shown(self, value: Any) -> str:
@@ -164,6 +175,8 @@ _EXPECTED = {
 def _number(s: Setting[Any], value: object, hi: int | None) -> int:
     if isinstance(value, str):
         return cast(int, s.parse(value))
+    if s.kind == "enum":  # given from outside by its name only
+        raise s.bad(value)
     if s.kind == "flag" and isinstance(value, bool):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or (s.kind == "size" and value < 0):

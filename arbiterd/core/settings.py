@@ -20,12 +20,14 @@ from typing import cast
 from arbiterd.core.errors import SettingError
 from arbiterd.core.setting import AUTO, Kind, Scope, Setting, parse_size, setting, table
 
-__all__ = ["AUTO", "CORE_MAX_INST", "GIB", "GLOBAL", "GPU", "INSTANCE", "MAX_INST_MAX", "GlobalSettings",
-           "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting", "check_gpu_settings", "core_weight",
-           "format_size", "parse_size", "setting"]
+__all__ = ["AUTO", "CORE_MAX_INST", "GIB", "GLOBAL", "GPU", "INSTANCE", "MAX_INST_MAX", "MEMORY_ENFORCE", "UNMANAGED",
+           "GlobalSettings", "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting", "check_gpu_settings",
+           "core_weight", "format_size", "parse_size", "setting"]
 
 GIB = 1024**3
 MAX_INST_MAX = 25  # the most slots a GPU can be cut into; also the largest weight
+UNMANAGED = ("allow", "report", "throttle", "kill")  # what the per-GPU setting unmanaged may be, by index
+MEMORY_ENFORCE = ("report", "kill")
 
 
 @dataclass(slots=True)
@@ -49,6 +51,18 @@ class GpuSettings:
     handover_max_pct: int = setting(10, "with slice_ms auto: the most GPU time (%) hand-overs may cost while the "
                                         "slice shrinks to fit latency_target_ms", 1, 50)
     overrun_ms: int = setting(500, "cut a holder off this long after its deadline (or a revoke)", 1, 3_600_000)
+    unmanaged: int = setting(UNMANAGED.index("report"), "a process with a context on the GPU that is not a client "
+                             "of cgpu (NVML sees it): allow it; report it (status, cgpu-smi, metrics, one log "
+                             "line); throttle it (its container frozen outside its turns, as a tenant of its "
+                             "weight); or kill it (SIGKILL)", 0, len(UNMANAGED) - 1, "enum", choices=UNMANAGED)
+    memory_enforce: int = setting(MEMORY_ENFORCE.index("report"), "an instance whose processes NVML shows using more "
+                                  "than its memsize (plus memory_allowance a process) for memory_grace_ms: report "
+                                  "it, or kill its largest process", 0, len(MEMORY_ENFORCE) - 1, "enum",
+                                  choices=MEMORY_ENFORCE)
+    memory_grace_ms: int = setting(1000, "how long an instance may stay over its memory limit before "
+                                         "memory_enforce acts (ms)", 0, 3_600_000)
+    memory_allowance: int = setting(512 * 1024**2, "what each process may use beyond its instance's memsize, as "
+                                    "NVML counts it, for its CUDA context", 0, kind="size")
 
 
 @dataclass(slots=True)

@@ -51,6 +51,11 @@ def _loopback(v: str) -> str | None:
     return None if host in ("127.0.0.1", "localhost", "::1", "[::1]") and port.isdigit() else "a loopback HOST:PORT"
 
 
+def _allow_list(v: str) -> str | None:
+    ok = all(p.strip().startswith("/") and "\n" not in p for p in v.split(","))
+    return None if ok else "absolute paths, separated by commas"
+
+
 def _seconds(default: float, help: str) -> Any:
     return setting(default, help, 0, 3600, "seconds", lo_open=True, flag=False)
 
@@ -125,6 +130,15 @@ class Config:
                                      "request arrives (0: normal scheduling); without CAP_SYS_NICE (or "
                                      "RLIMIT_RTPRIO of N) it logs one warning and runs at normal priority",
                                      *PRIORITY_RANGE, "integer", metavar="N", restart=True)
+    nvml_poll_ms: int = setting(500, "how often NVML's process lists and utilization are read, to see, charge "
+                                "and stop GPU work that bypasses the interposer (ms)", 50, 60_000, "integer",
+                                metavar="MS")
+    unmanaged_allow: str | None = setting(None, "processes exempt from the unmanaged setting (host daemons, "
+                                          "monitoring agents): comma-separated executables of host processes "
+                                          "(/usr/bin/nv-hostengine) or cgroups, each with everything below it "
+                                          "(/system.slice/dcgm.service)",
+                                          kind="string", expects="absolute paths, separated by commas",
+                                          rule=_allow_list, metavar="PATHS")
     gpu: GpuSettings = field(default_factory=GpuSettings)
     source: str | None = field(default=None, repr=False)
 

@@ -28,9 +28,12 @@ from arbiterd.server.config import DEFAULT_CLIENT_MODE, DEFAULT_SOCKET_GROUP, Co
 from arbiterd.server.connection import ClientConnection
 from arbiterd.server.devices import discover
 from arbiterd.server.hub import Hub
+from arbiterd.server.nvml import ProcessSource, open_nvml
 from arbiterd.server.persist import StateStore
 from arbiterd.server.sockets import StartupError, bind_unix, group_id, load_token, secure_dir
 from arbiterd.server.systemd import Notifier, listen_fds
+from arbiterd.server.throttle import Throttle, thaw_left
+from arbiterd.server.watch import Watcher
 
 log = logging.getLogger("arbiterd")
 __all__ = ["Daemon", "StartupError"]
@@ -73,6 +76,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._signals = 0
+        self._source: ProcessSource | None = None
         secure_dir(Path(config.state_dir), 0o700, "state dir")
         self.hub.restore_state(time.monotonic_ns())
 
@@ -117,6 +121,7 @@ class Daemon:
                      Path(cfg.state_dir) / "admin.token")
         self.hub.sample()
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        self._start_watching()
         if self.notifier.watchdog_usec:
             self._tasks.append(asyncio.create_task(self._watchdog()))
         # what start-up made (imported modules, the admin app) lives as long as the daemon: out of the collector's
@@ -161,6 +166,28 @@ class Daemon:
                 self.hub.counters.refused["idle"] += 1
                 peer.fail("bad_request", "idle: register within idle_timeout_s of hello")
 
+    def _start_watching(self) -> None:
+        """Poll NVML for work that bypasses cgpu, on real GPUs (simulated ones have no processes to list)."""
+        if any(g.simulated for g in self.hub.gpus):
+            return
+        source = open_nvml([g.index for g in self.hub.gpus])
+        if source is not None:
+            self._source = source
+            watcher = self.hub.watch(source)
+            record = Path(self.hub.config.run_dir) / "frozen"
+            thaw_left(record)
+            watcher.throttle = Throttle(self.hub, asyncio.get_running_loop(), source.busy, record)
+            self._tasks.append(asyncio.create_task(self._watch(watcher)))
+
+    async def _watch(self, watcher: Watcher) -> None:
+        gpus = [g.index for g in self.hub.gpus]
+        while True:
+            await asyncio.sleep(self.hub.config.nvml_poll_ms / 1000)
+            try:
+                watcher.poll(gpus)
+            except Exception:  # one bad poll must not end the watching
+                log.exception("NVML poll failed")
+
     async def _watchdog(self) -> None:
         period = self.notifier.watchdog_usec / 2e6
         while True:
@@ -194,6 +221,8 @@ class Daemon:
         self.notifier.send("STOPPING=1")
         for server in self._servers:
             server.close()
+        if self.hub.watcher is not None and self.hub.watcher.throttle is not None:
+            self.hub.watcher.throttle.close()  # nothing stays frozen once the daemon is gone
         for peer in list(self.hub.peers.values()):
             peer.close()
         for server in self._servers:
@@ -206,6 +235,8 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.hub.stop_timer()
+        if self._source is not None:
+            self._source.close()
         if self._admin_runner is not None:
             await asyncio.wait_for(self._admin_runner.cleanup(), 5.0)
         for path in self._bound_paths:

@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 import cgpu_protocol as p
 from arbiterd.core import binding, snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
+from arbiterd.core.containment import Containment
 from arbiterd.core.effects import NS_PER_S, Effect, GrantLease
 from arbiterd.core.errors import BusyError, CoreError, IdentityError, NotFoundError
 from arbiterd.core.settings import GPU, INSTANCE, InstanceSettings
@@ -37,7 +38,9 @@ from arbiterd.server.counters import Counters
 from arbiterd.server.identity import Identity, IdentityResolver
 from arbiterd.server.intake import Intake
 from arbiterd.server.lograte import LogRate
+from arbiterd.server.nvml import ProcessSource
 from arbiterd.server.persist import StateStore
+from arbiterd.server.watch import Watcher
 
 log = logging.getLogger("arbiterd")
 _K = TypeVar("_K")
@@ -108,6 +111,8 @@ class Hub:
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
+        self.containment = Containment(time.monotonic_ns())  # NVML's view of what bypasses cgpu (server/watch.py)
+        self.watcher: Watcher | None = None
 
     # ----------------------------------------------------------- clients
     def admit(self, who: identity.Peer) -> tuple[str, str] | None:
@@ -386,9 +391,26 @@ class Hub:
 
     def status(self) -> status.DaemonStatus:
         """The whole status document, now."""
-        return status.build(self.arbiter, self.gpus, self.history, clients=len(self.peers),
-                            started_at=self.started_at, state_file=str(self.store.path),
-                            state_problem=self.state_problem)
+        doc = status.build(self.arbiter, self.gpus, self.history, clients=len(self.peers),
+                           started_at=self.started_at, state_file=str(self.store.path),
+                           state_problem=self.state_problem)
+        now, w = time.monotonic_ns(), self.watcher
+        for g in doc.gpus:
+            status.add_containment(g, self.containment, now, w.utilization.get(g.index) if w else None,
+                                   w.throttled(g.index) if w else set())
+        return doc
+
+    def watch(self, source: ProcessSource) -> Watcher:
+        """Watch the GPUs through ``source`` (NVML): work that bypasses cgpu is seen, charged and stopped."""
+        def limit(gpu: int, inst: str) -> int | None:
+            rec = self.arbiter.records.get((gpu, inst))
+            return self.arbiter.mem_limit(rec) if rec is not None else None
+
+        self.watcher = Watcher(source, self.identity, self.containment,
+                               lambda: {p.pid for p in self.peers.values()
+                                        if p.instance is not None and not getattr(p, "proxy", False)}, limit,
+                               lambda gpu: self.arbiter.scheds[gpu].settings, lambda: self.config.unmanaged_allow)
+        return self.watcher
 
     def handover_meters(self) -> dict[int, tuple[list[int], int]]:
         """Each GPU's hand-over histogram: the count in each of accounting.BUCKETS, and the sum in ns."""

@@ -35,6 +35,7 @@ class ArbiterCollector(Collector):
         doc = self.hub.status()
         yield from _gpu_metrics(doc, self.hub.handover_meters())
         yield from _instance_metrics(doc)
+        yield from _containment_metrics(doc)
         yield from _client_metrics(self.hub)
 
 
@@ -42,7 +43,8 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
     g_ = ["gpu"]
     busy = CounterMetricFamily("cgpu_gpu_busy_seconds", "Time some lease was held on the GPU", labels=g_)
     settings = {name: GaugeMetricFamily(f"cgpu_gpu_{metric_name(name)}", f"GPU setting {name}: {s.help}"
-                                        + (" (in seconds)" if name.endswith("_ms") else ""), labels=g_)
+                                        + (" (in seconds)" if name.endswith("_ms") else "")
+                                        + "".join(f" ({i} {c})" for i, c in enumerate(s.choices)), labels=g_)
                 for name, s in GPU.items() if s.kind != "auto"}
     free_w = GaugeMetricFamily("cgpu_gpu_free_weight", "max_inst minus the sum of weights", labels=g_)
     total = GaugeMetricFamily("cgpu_gpu_memory_total_bytes", "Device memory", labels=g_)
@@ -70,7 +72,9 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
         lg = [str(g.index)]
         busy.add_metric(lg, g.busy_seconds)
         for name, family in settings.items():
-            family.add_metric(lg, float(g.settings[name]) / (1000 if name.endswith("_ms") else 1))
+            value = g.settings[name]
+            value = GPU[name].choices.index(value) if isinstance(value, str) else value
+            family.add_metric(lg, float(value) / (1000 if name.endswith("_ms") else 1))
         free_w.add_metric(lg, g.free_weight)
         total.add_metric(lg, g.total_mem)
         alloc_mem.add_metric(lg, g.alloc_mem)
@@ -93,6 +97,35 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
         overruns.add_metric(lg, g.overruns)
     yield from (busy, *settings.values(), slice_s, round_s, handover, parts, free_w, total, alloc_mem, alloc_core,
                 grants, revokes, overruns, fair)
+
+
+def _containment_metrics(doc: DaemonStatus) -> Iterator[Metric]:
+    """What NVML shows that bypasses cgpu (arbiterd/server/watch.py); nothing where NVML is not polled."""
+    gi, g_ = ["gpu", "instance"], ["gpu"]
+    procs = GaugeMetricFamily("cgpu_unmanaged_processes", "Processes with a context on the GPU that are not "
+                              "clients of cgpu (allow-listed ones not counted)", labels=gi)
+    mem = GaugeMetricFamily("cgpu_unmanaged_memory_bytes", "GPU memory of those processes (NVML)", labels=gi)
+    nvml = GaugeMetricFamily("cgpu_instance_nvml_memory_bytes", "GPU memory of every process of the instance, as "
+                             "NVML counts it (contexts included)", labels=gi)
+    kills = CounterMetricFamily("cgpu_kills", "Processes killed, by reason (unmanaged: unmanaged = kill; memory: "
+                                "memory_enforce = kill)", labels=["gpu", "reason"])
+    breaches = CounterMetricFamily("cgpu_memory_breaches", "Instances over their memory limit (NVML) past "
+                                   "memory_grace_ms", labels=g_)
+    for g in doc.gpus:
+        lg = str(g.index)
+        by: dict[str, tuple[int, int]] = {}
+        for u in g.unmanaged_processes:
+            n, b = by.get(u.instance, (0, 0))
+            by[u.instance] = (n + 1, b + u.mem_used)
+        for inst, (n, b) in sorted(by.items()):
+            procs.add_metric([lg, inst], n)
+            mem.add_metric([lg, inst], b)
+        for inst, b in sorted(g.nvml_memory.items()):
+            nvml.add_metric([lg, inst], b)
+        kills.add_metric([lg, "unmanaged"], g.unmanaged_kills)
+        kills.add_metric([lg, "memory"], g.memory_kills)
+        breaches.add_metric([lg], g.memory_breaches)
+    yield from (procs, mem, nvml, kills, breaches)
 
 
 def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:

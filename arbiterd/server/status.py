@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from arbiterd import __version__
 from arbiterd.core.arbiter import Arbiter, GpuInfo
+from arbiterd.core.containment import Containment
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.policies import POLICY_NAMES
 from arbiterd.core.settings import GPU
@@ -122,6 +123,19 @@ class InstanceStatus:
 
 
 @dataclass(slots=True)
+class UnmanagedStatus:
+    """A process with a context on the GPU that is not a client of cgpu (NVML's process list)."""
+
+    pid: int
+    instance: str  # its container's short id, uid-<uid>, or host
+    container: str | None
+    exe: str
+    mem_used: int  # bytes, as NVML counts them
+    seen_seconds: float  # since it was first seen
+    throttled: bool  # under unmanaged = throttle: frozen outside its container's turns
+
+
+@dataclass(slots=True)
 class GpuStatus:
     index: int
     name: str
@@ -149,6 +163,12 @@ class GpuStatus:
     driver_version: str  # NVML's driver version; empty for a simulated GPU
     compute_capability: str  # "8.6"; empty for a simulated GPU
     instances: list[InstanceStatus] = field(default_factory=list)
+    unmanaged_processes: list[UnmanagedStatus] = field(default_factory=list)
+    nvml_memory: dict[str, int] = field(default_factory=dict)  # bytes per instance, every process NVML lists
+    utilization_pct: int | None = None  # NVML's, at the last poll (None: not read)
+    unmanaged_kills: int = 0
+    memory_kills: int = 0
+    memory_breaches: int = 0  # instances over their limit past memory_grace_ms
 
 
 @dataclass(slots=True)
@@ -175,6 +195,21 @@ class DaemonStatus:
 
 def _pct(delta: int, span: int) -> float | None:
     return round(100 * delta / span, 2) if span > 0 else None
+
+
+def add_containment(gs: GpuStatus, c: Containment, now: int, utilization: int | None,
+                    throttled: set[int]) -> None:
+    """What NVML's last poll of the GPU showed: its unmanaged processes, memory per instance, the kills."""
+    seen = c.last.get(gs.index)
+    if seen is not None:
+        gs.unmanaged_processes = [UnmanagedStatus(p.pid, p.instance, p.container, p.exe, p.used,
+                                        round((now - c.first_seen.get((gs.index, p.pid), now)) / 1e9, 3),
+                                        p.pid in throttled) for p in seen.unmanaged]
+        gs.nvml_memory = dict(seen.memory)
+    gs.utilization_pct = utilization
+    gs.unmanaged_kills = c.kills[(gs.index, "unmanaged")]
+    gs.memory_kills = c.kills[(gs.index, "memory")]
+    gs.memory_breaches = c.breaches[gs.index]
 
 
 def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, started_at: float,

@@ -86,7 +86,22 @@ def render(doc: dict[str, Any]) -> str:
             out.append(line)
     if not any_inst:
         out.append("(no instances)")
+    out += _unmanaged(doc)
     return "\n".join(out) + "\n"
+
+
+def _unmanaged(doc: dict[str, Any]) -> list[str]:
+    """A row per process with a context on a GPU that is no client of cgpu (NVML's lists), if there is any."""
+    rows = [(g, u) for g in doc["gpus"] for u in g.get("unmanaged_processes", [])]
+    if not rows:
+        return []
+    hdr = f"{'GPU':<4}{'Instance':<16}{'PID':>8}  {'Memory used':<14}{'Seen':>8}  {'State':<22}Executable"
+    out = ["", hdr, "-" * len(hdr)]
+    for g, u in rows:
+        state = "UNMANAGED throttled" if u["throttled"] else "UNMANAGED"
+        out.append(f"{g['index']:<4}{u['instance'][:15]:<16}{u['pid']:>8}  {format_size(u['mem_used']):<14}"
+                   f"{u['seen_seconds']:>7.0f}s  {state:<22}{u['exe'] or '?'}")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ one line."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -50,7 +51,7 @@ def test_the_whole_proof_runs_on_the_fake_driver(tmp_path: Path) -> None:
     parts = doc["parts"]
     assert {n: p["status"] for n, p in parts.items()} == {
         "discovery": "ok", "memory": "ok", "resnet50": "skipped", "handover": "ok", "cuda_ratio": "ok",
-        "containment": "skipped",
+        "containment": "ok",
     }
     assert doc["info"]["gpus"][0]["simulated"] is False and doc["info"]["gpus"][0]["total_mem"] == 16 << 30
     mem = parts["memory"]["figures"]
@@ -61,6 +62,9 @@ def test_the_whole_proof_runs_on_the_fake_driver(tmp_path: Path) -> None:
     ho = parts["handover"]["figures"]
     assert ho["handover_ms"] > 0 and 5 <= ho["slice_ms"] <= 100  # measured while two contended; auto's range
     assert ho["launch_ns_with_shim"] > 0 and ho["launch_ns_without"] > 0
+    cont = parts["containment"]["figures"]  # the fake NVML lists the program that went around the shim
+    assert cont["instance"] == f"uid-{os.geteuid()}" and cont["mem_mib"] == 300 and cont["kill_s"] <= 1.5
+    assert cont["memory_kill_s"] <= 1.0 + 1.5  # memory_grace_ms, then within two polls
     md = (tmp_path / "gpu.md").read_text()
     assert "| cuda_ratio | ok |" in md and md.strip().endswith(last)
 

@@ -1,0 +1,128 @@
+"""The edge of containment: read NVML, map each process to its instance, carry out what the core decides.
+
+Every ``nvml_poll_ms`` the daemon calls :meth:`Watcher.poll`: for each GPU it
+reads the processes NVML lists, tells each one's instance from its cgroup (as a
+client's is told: arbiterd/server/identity.py), whether it is a connected
+client of cgpu, and whether the operator exempted it (``unmanaged_allow``: its
+executable, or a cgroup it is in or below); hands that to the core
+(arbiterd/core/containment.py) and logs, kills and throttles as it answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from arbiterd.core.containment import HOST, Containment, GpuProcess, Kill
+from arbiterd.core.errors import CoreError, IdentityError
+from arbiterd.core.settings import UNMANAGED
+from arbiterd.server.identity import IdentityResolver, host_instance, start_time
+from arbiterd.server.nvml import ProcessSource
+
+log = logging.getLogger("arbiterd.containment")
+
+
+def allow_list(text: str | None) -> tuple[str, ...]:
+    """The entries of ``unmanaged_allow``."""
+    return tuple(p.strip().rstrip("/") or "/" for p in (text or "").split(",") if p.strip())
+
+
+def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container: bool) -> bool:
+    """Whether a process whose executable is ``exe`` and whose cgroup paths are ``cgroups`` is allowed. An
+    executable counts for host processes only: a container may ship any path (the host reads a container's
+    executable as the container names it)."""
+    return any((exe == e and not in_container) or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups)
+               for e in entries)
+
+
+class Watcher:
+    """Polls one :class:`ProcessSource` for the hub's GPUs."""
+
+    def __init__(self, source: ProcessSource, resolver: IdentityResolver, containment: Containment,
+                 managed: Callable[[], set[int]], limit: Callable[[int, str], int | None],
+                 settings: Callable[[int], Any], allow: Callable[[], str | None]) -> None:
+        self.source = source
+        self.resolver = resolver
+        self.containment = containment
+        self.managed = managed  # the pids of the connected, registered clients
+        self.limit = limit  # (gpu, instance) -> its memory limit, if it has a record
+        self.settings = settings  # gpu -> its GpuSettings
+        self.allow = allow
+        self.proc = resolver.proc_root
+        self.utilization: dict[int, int | None] = {}
+        self.throttle: Any = None  # the throttle (arbiterd/server/throttle.py), where one runs
+        self.cannot: set[tuple[int, int]] = set()  # (gpu, pid) a kill failed for, logged once
+
+    def poll(self, gpus: list[int], now: int | None = None) -> None:
+        now = time.monotonic_ns() if now is None else now
+        managed = self.managed()
+        entries = allow_list(self.allow())
+        for gpu in gpus:
+            procs = [self.describe(pid, used, managed, entries) for pid, used in self.source.processes(gpu).items()]
+            self.utilization[gpu] = self.source.utilization(gpu)
+            seen = self.containment.observe(gpu, now, procs, self.settings(gpu), functools.partial(self.limit, gpu))
+            for p in seen.new:
+                log.warning("GPU %d: unmanaged process pid %d (%s) of instance %s, %d MiB: it runs GPU work "
+                            "without cgpu", gpu, p.pid, p.exe or "?", p.instance, p.used >> 20)
+            for b in seen.breaches:
+                log.warning("GPU %d: instance %s uses %d MiB, over its limit of %d MiB (memsize and the context "
+                            "allowance) past memory_grace_ms", gpu, b.instance, b.used >> 20, b.limit >> 20)
+            for k in seen.kills:
+                self.kill(k)
+            if self.throttle is not None:
+                throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle"
+                self.throttle.poll(gpu, now, seen.actionable, throttling)
+
+    def throttled(self, gpu: int) -> set[int]:
+        """The pids the throttle holds frozen outside their turns on GPU ``gpu``."""
+        return self.throttle.throttled(gpu) if self.throttle is not None else set()
+
+    def describe(self, pid: int, used: int, managed: set[int], entries: tuple[str, ...]) -> GpuProcess:
+        """Process ``pid`` as the core sees it: its instance, managed or not, exempt or not."""
+        base = self.proc / str(pid)
+        exe = ""
+        with contextlib.suppress(OSError):
+            exe = os.readlink(base / "exe")
+        cgroups = _cgroup_paths(base)
+        instance, container = HOST, None
+        try:
+            uid = os.stat(base).st_uid
+            peer = self.resolver.peer(pid, uid, accepted=start_time(pid))
+            container = peer.container
+            try:
+                instance = self.resolver.identify(peer, None).instance
+            except CoreError:
+                instance = host_instance(uid) if container is None else instance
+        except (OSError, IdentityError):
+            pass  # it exited, or its cgroup cannot be read: HOST
+        allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
+        return GpuProcess(pid, used, instance, pid in managed, allowed, container, exe)
+
+    def kill(self, k: Kill) -> None:
+        try:
+            os.kill(k.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError as exc:
+            if (k.gpu, k.pid) not in self.cannot:  # once a process: it is tried again at every poll
+                self.cannot.add((k.gpu, k.pid))
+                log.error("GPU %d: cannot kill pid %d: %s (arbiterd needs CAP_KILL for other users' processes)",
+                          k.gpu, k.pid, exc.strerror)
+            return
+        self.containment.killed(k)
+        log.warning("GPU %d: killed pid %d: %s", k.gpu, k.pid, k.why)
+
+
+def _cgroup_paths(base: Path) -> list[str]:
+    try:
+        text = (base / "cgroup").read_text()
+    except OSError:
+        return []
+    return [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]

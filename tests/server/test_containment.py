@@ -1,0 +1,197 @@
+"""arbiterd's real NVML path on the fake libnvidia-ml.so.1 (loaded by pynvml's own loader): processes that run GPU
+work without cgpu are seen in status, cgpu-smi, metrics and the log, exempted by the allow-list, killed under
+``unmanaged = kill``, and an instance over its memory limit is killed under ``memory_enforce = kill``.
+
+The offenders are real processes (``sleep``) that the fake NVML lists on GPU 0; they are host processes of this
+test's uid (instance ``uid-<uid>``), so no cgroup or root is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from arbiterd.core.containment import START_GRACE_NS
+from arbiterd.tools.adminclient import AdminClient
+from cgpu_testing.containers import Containers
+from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.nvml import FakeNvml
+from cgpu_testing.tools import ROOT
+
+pytest.importorskip("pynvml")
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the fake NVML library")
+MIB = 1 << 20
+POLL_MS = 100
+ME = f"uid-{os.geteuid()}"
+
+
+@pytest.fixture
+def nvml(short_tmp: Path) -> FakeNvml:
+    return FakeNvml(short_tmp / "nvml.ctl")
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def start(factory: Any, nvml: FakeNvml, *args: str, sub: str = "d") -> DaemonProc:
+    d: DaemonProc = factory.start("--nvml-poll-ms", str(POLL_MS), *args, env=nvml.env(), sub=sub)
+    return d
+
+
+
+def gpu0(d: DaemonProc) -> dict[str, Any]:
+    return d.status()["gpus"][0]  # type: ignore[no-any-return]
+
+
+def wait_for(cond: Any, timeout: float = 5.0) -> float:
+    """Seconds until ``cond()`` is true; fails past ``timeout``."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def test_an_unmanaged_process_is_reported_everywhere_and_logged_once(daemon_factory: Any, nvml: FakeNvml,
+                                                                    sleeper: subprocess.Popen[bytes]) -> None:
+    d = start(daemon_factory, nvml)
+    assert gpu0(d)["simulated"] is False and gpu0(d)["unmanaged"] == "report"
+    nvml.run(sleeper.pid, 300 * MIB, sm=40)
+    wait_for(lambda: gpu0(d)["unmanaged_processes"])
+    row = gpu0(d)["unmanaged_processes"][0]
+    assert (row["pid"], row["instance"], row["mem_used"], row["throttled"]) == (sleeper.pid, ME, 300 * MIB, False)
+    assert row["exe"] == os.path.realpath(shutil.which("sleep") or "")
+    assert gpu0(d)["nvml_memory"] == {ME: 300 * MIB} and gpu0(d)["utilization_pct"] == 40
+    jsonschema.validate(d.status(), json.loads((ROOT / "docs" / "status.schema.json").read_text()))
+    smi = subprocess.run([sys.executable, "-m", "arbiterd.tools.smi", "--admin", d.admin], capture_output=True,
+                         text=True, check=True).stdout
+    assert any(str(sleeper.pid) in line and "UNMANAGED" in line for line in smi.splitlines())
+    time.sleep(3 * POLL_MS / 1000)
+    assert d.read_log().count(f"unmanaged process pid {sleeper.pid}") == 1
+    assert sleeper.poll() is None  # report: it runs on
+    d.stop()  # metrics through the collector the admin API serves
+    nvml.gone(sleeper.pid)
+
+
+def test_metrics_count_unmanaged_processes_and_memory_by_gpu_and_instance(daemon_factory: Any, nvml: FakeNvml,
+                                                                          sleeper: subprocess.Popen[bytes]) -> None:
+    d = start(daemon_factory, nvml)
+    nvml.run(sleeper.pid, 300 * MIB)
+    wait_for(lambda: gpu0(d)["unmanaged_processes"])
+    text = AdminClient(d.admin).request("GET", "/metrics")
+    assert f'cgpu_unmanaged_processes{{gpu="0",instance="{ME}"}} 1.0' in text
+    assert f'cgpu_unmanaged_memory_bytes{{gpu="0",instance="{ME}"}} 3.145728e+08' in text
+    assert 'cgpu_kills_total{gpu="0",reason="unmanaged"} 0.0' in text
+    assert 'cgpu_gpu_unmanaged{gpu="0"} 1.0' in text  # the setting: 1 report
+
+
+def test_the_allow_list_exempts_by_executable_or_cgroup(daemon_factory: Any, nvml: FakeNvml,
+                                                        sleeper: subprocess.Popen[bytes]) -> None:
+    exe = os.path.realpath(shutil.which("sleep") or "")
+    cgroup = Path(f"/proc/{sleeper.pid}/cgroup").read_text().splitlines()[0].split(":", 2)[2]
+    for allow in (exe, cgroup):
+        d = start(daemon_factory, nvml, "--unmanaged-allow", f"/nowhere,{allow}", sub=f"d{len(allow)}")
+        d.echo("kill", "0/unmanaged")
+        nvml.run(sleeper.pid, 300 * MIB)
+        time.sleep(3 * POLL_MS / 1000)
+        assert gpu0(d)["unmanaged_processes"] == [] and sleeper.poll() is None
+        assert gpu0(d)["nvml_memory"] == {ME: 300 * MIB}  # still counted against its instance's memory
+        d.stop()
+    conf = nvml.path.with_name("bad.toml")
+    conf.write_text('unmanaged_allow = "/usr/bin/x,relative"\nunmanaged = "stop"\n')
+    bad = subprocess.run([sys.executable, "-m", "arbiterd", "--check-config", str(conf)], capture_output=True,
+                         text=True)
+    assert bad.returncode == 1
+    assert "unmanaged_allow: expected absolute paths, separated by commas, got '/usr/bin/x,relative'" in bad.stdout
+    assert "unmanaged: expected one of allow, report, throttle, kill, got 'stop'" in bad.stdout
+
+
+def test_kill_ends_an_unmanaged_process_within_two_polls_with_a_log_line_and_a_count(
+        daemon_factory: Any, nvml: FakeNvml, sleeper: subprocess.Popen[bytes]) -> None:
+    d = start(daemon_factory, nvml, "--unmanaged", "kill")
+    early = subprocess.Popen(["sleep", "60"])
+    try:  # in the daemon's first seconds, while its clients would reconnect, nothing is killed
+        nvml.run(early.pid, 300 * MIB)
+        time.sleep(3 * POLL_MS / 1000)
+        assert early.poll() is None and [u["pid"] for u in gpu0(d)["unmanaged_processes"]] == [early.pid]
+    finally:
+        early.kill()
+        early.wait()
+        nvml.gone(early.pid)
+    wait_for(lambda: d.status()["uptime_seconds"] > START_GRACE_NS / 1e9, timeout=10)  # its grace from its start
+    nvml.run(sleeper.pid, 300 * MIB)
+    took = wait_for(lambda: sleeper.poll() is not None)
+    assert took < 2 * POLL_MS / 1000 + 0.05, took  # two polls, and 50 ms for a loaded machine
+    assert sleeper.returncode == -9
+    wait_for(lambda: gpu0(d)["unmanaged_kills"] == 1)
+    time.sleep(3 * POLL_MS / 1000)  # NVML still lists it (the fake is not told): killed once, counted once
+    assert gpu0(d)["unmanaged_kills"] == 1
+    assert d.read_log().count(f"killed pid {sleeper.pid}") == 1
+
+
+def test_an_instance_over_its_memory_limit_is_killed_under_kill_and_left_alone_under_report(
+        daemon_factory: Any, nvml: FakeNvml) -> None:
+    d = start(daemon_factory, nvml, "--memory-grace-ms", "300")
+    d.echo(f"create {ME} gpu=0 memsize=1GiB uid={os.geteuid()}", "inst_ctl")
+    d.echo("allow", "0/unmanaged")
+    for mode in ("report", "kill"):
+        d.echo(mode, "0/memory_enforce")
+        small, big = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+        try:
+            nvml.run(small.pid, 400 * MIB)
+            nvml.run(big.pid, 2000 * MIB)  # 2400 MiB > 1 GiB + 2 x 512 MiB (the context allowance)
+            t0 = time.monotonic()
+            if mode == "kill":
+                wait_for(lambda p=big: p.poll() is not None)  # type: ignore[misc]
+                took = time.monotonic() - t0
+                assert 0.3 <= took < 0.3 + 2 * POLL_MS / 1000 + 0.05, took  # the grace, then within two polls
+                assert small.poll() is None  # the largest process only
+                assert gpu0(d)["memory_kills"] == 1
+            else:
+                wait_for(lambda: gpu0(d)["memory_breaches"] == 1)
+                time.sleep(0.5)
+                assert big.poll() is None and small.poll() is None and gpu0(d)["memory_kills"] == 0
+                assert f"instance {ME} uses 2400 MiB, over its limit of 2048 MiB" in d.read_log()
+        finally:
+            for p in (small, big):
+                p.kill()
+                p.wait()
+                nvml.gone(p.pid)
+        time.sleep(2 * POLL_MS / 1000)
+
+
+def test_an_executable_on_the_allow_list_exempts_no_container(daemon_factory: Any, nvml: FakeNvml,
+                                                             short_tmp: Path) -> None:
+    """A container may ship any path: /usr/bin/sleep inside one is unmanaged though /usr/bin/sleep is allowed."""
+    containers = Containers(short_tmp)
+    if not containers.real:
+        pytest.skip("needs root to put a process in a real container cgroup")
+    exe = os.path.realpath(shutil.which("sleep") or "")
+    d = start(daemon_factory, nvml, "--unmanaged-allow", exe)
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        cid = containers.new_id()
+        containers.place(p.pid, cid)
+        nvml.run(p.pid, 100 * MIB)
+        wait_for(lambda: gpu0(d)["unmanaged_processes"])
+        row = gpu0(d)["unmanaged_processes"][0]
+        assert (row["pid"], row["instance"], row["container"]) == (p.pid, cid[:12], cid)
+    finally:
+        p.kill()
+        p.wait()
+        containers.cleanup()

@@ -1,0 +1,218 @@
+"""``unmanaged = throttle`` with real processes in real container cgroups: the offender's container is frozen
+outside its turns, the managed tenant beside it gets its half of the CPU back, and what the offender ran while frozen
+is billed to its instance.
+
+The two tenants are pinned to one CPU so that they contend; shares are each one's CPU time over the window, as a share
+of the two together (the other users of this CPU take what they take from both)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from arbiterd.core.settings import InstanceSettings
+from arbiterd.server.cgroups import CgroupFs
+from arbiterd.server.hub import Hub
+from arbiterd.server.throttle import Throttle, freezer_of, set_frozen
+from cgpu_testing.containers import Containers
+
+MS = 1_000_000
+
+
+def needs_freezer(tmp: Path) -> Containers:
+    c = Containers(tmp, freezer=True)
+    if not c.real or (c.freezer is None and c.hierarchy != Path("/sys/fs/cgroup")):
+        pytest.skip("needs root and a cgroup freezer (v1 freezer or v2) to freeze a container")
+    if shutil.which("gcc") is None or shutil.which("taskset") is None:
+        pytest.skip("needs gcc (the fake NVML) and taskset (one CPU for both tenants)")
+    return c
+
+
+def test_throttle_gives_a_managed_tenant_its_half_where_report_does_not(short_tmp: Path) -> None:
+    """1:1, the offender three busy processes: under report the managed tenant gets about a quarter of the CPU the
+    two use; under throttle 50 +- 5 %."""
+    needs_freezer(short_tmp)
+    from bench.containment import shares
+
+    report = shares(short_tmp / "r", "report", 6.0)
+    throttle = shares(short_tmp / "t", "throttle", 6.0)
+    assert throttle["throttled"] == 1.0 and report["throttled"] == 0.0
+    assert abs(throttle["victim_pair_pct"] - 50) <= 5, throttle
+    assert report["victim_pair_pct"] < 40, report
+
+
+def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_changes(short_tmp: Path) -> None:
+    containers = needs_freezer(short_tmp)
+    from bench.containment import start_offender
+    from cgpu_testing.daemon import DaemonProc
+    from cgpu_testing.nvml import FakeNvml
+
+    nvml = FakeNvml(short_tmp / "nvml.ctl")
+    d = DaemonProc(short_tmp / "d", *containers.daemon_args(), "--nvml-poll-ms", "100", "--unmanaged", "throttle",
+                   env=nvml.env()).start()
+    cid = containers.new_id()
+    offender = start_offender(containers, cid)
+    try:
+        state = freezer_of(Path("/proc"), offender.pid, CgroupFs(Path("/proc")))
+        assert state is not None
+        nvml.run(offender.pid, 100 << 20, sm="cpu")
+        assert _until(lambda: [u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]] == [True])
+        assert cid[:12] in [i["id"] for i in d.status()["gpus"][0]["instances"]]  # scheduled as a tenant
+        d.echo("report", "0/unmanaged")
+        time.sleep(0.3)
+        assert _thawed(state)
+        d.echo("throttle", "0/unmanaged")
+        time.sleep(0.3)
+        nvml.gone(offender.pid)
+        time.sleep(0.3)
+        assert _thawed(state)
+        nvml.run(offender.pid, 100 << 20, sm="cpu")
+        time.sleep(0.3)
+        d.stop()  # a daemon that stops leaves nothing frozen
+        assert _thawed(state)
+        assert "throttling container" in d.read_log()
+        d.start()
+        assert _until(lambda: [u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]] == [True])
+        d.stop(signal.SIGKILL)  # one that dies leaves it frozen or thawed, as it was ...
+        nvml.gone(offender.pid)
+        d.start()  # ... and the next one thaws it
+        assert _thawed(state) and "left frozen by a daemon that stopped" in d.read_log()
+    finally:
+        offender.kill()
+        offender.wait()
+        if d.running():
+            d.stop()
+        containers.cleanup()
+
+
+def _until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether ``cond()`` comes true within ``timeout`` (a daemon's first 5 s: it throttles nothing yet)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _thawed(path: Path) -> bool:
+    for _ in range(100):
+        if path.read_text().strip() in ("THAWED", "0"):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub) -> None:
+    """NVML says the frozen offender's process kept the GPU 40 % busy for 100 ms: 40 ms go on its instance's bill."""
+    hub.arbiter.provision("c0ffee", [0], InstanceSettings(), 0)
+    throttle = Throttle(hub, None, lambda gpu: {4242: 40})  # type: ignore[arg-type]
+    proxy = SimpleNamespace(frozen_since=0, instance="c0ffee", close=lambda: None)
+    throttle.proxies[(0, "c0ffee" * 10)] = proxy  # type: ignore[assignment]
+    throttle.pids[(0, "c0ffee" * 10)] = {4242}
+    before = hub.arbiter.scheds[0].held_ns("c0ffee", 0)
+    throttle._charge(0, 1000 * MS)
+    throttle._charge(0, 1100 * MS)
+    assert hub.arbiter.scheds[0].held_ns("c0ffee", 0) - before == 40 * MS
+    assert throttle.charged_ns[0] == 40 * MS
+    proxy.frozen_since = None  # in its turn: what it runs is its lease's, not billed again
+    throttle._charge(0, 1200 * MS)
+    assert throttle.charged_ns[0] == 40 * MS
+
+
+def test_the_freezer_is_found_on_cgroup_v1_and_v2(tmp_path: Path) -> None:
+    """v1: the container's group in the freezer hierarchy (freezer.state, FROZEN/THAWED); v2: its one group
+    (cgroup.freeze, 1/0); a process in no container has none. A fake /proc and cgroup fs, so it runs anywhere."""
+    from cgpu_testing.containers import fake_cgroup
+
+    cid = "ab" * 32
+    cases = {101: (f"6:freezer:/docker/{cid}\n8:pids:/docker/{cid}", "freezer", "freezer.state", "FROZEN"),
+             102: (f"0::/system.slice/docker-{cid}.scope", "unified", "cgroup.freeze", "1")}
+    for pid, (lines, hierarchy, name, frozen) in cases.items():
+        proc = tmp_path / f"proc{pid}"
+        fake_cgroup(proc, pid, lines)
+        groups = [d for d in (tmp_path / f"proc{pid}-cgroupfs").iterdir() if d.name.startswith(hierarchy)]
+        target = next(groups[0].rglob(f"*{cid}*"))
+        (target / name).write_text("")
+        found = freezer_of(proc, pid, CgroupFs(proc))
+        assert found == target / name
+        assert set_frozen(found, True) >= 0 and found.read_text() == frozen
+    fake_cgroup(tmp_path / "proc103", 103, "0::/user.slice/user-0.slice")
+    assert freezer_of(tmp_path / "proc103", 103, CgroupFs(tmp_path / "proc103")) is None
+
+
+def test_a_container_that_cannot_be_frozen_is_reported_with_one_line(hub: Hub, tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """No freezer group (a v1 host without the freezer's), or one whose file cannot be written (a read-only cgroup
+    fs): the container is reported and not throttled, with one log line, not one a poll."""
+    from arbiterd.core.containment import GpuProcess
+    from arbiterd.server.identity import IdentityResolver
+    from cgpu_testing.containers import fake_cgroup
+
+    proc = tmp_path / "proc"
+    cids = {201: "cd" * 32, 202: "ef" * 32}
+    fake_cgroup(proc, 201, f"8:pids:/docker/{cids[201]}")
+    fake_cgroup(proc, 202, f"6:freezer:/docker/{cids[202]}")
+    (next((tmp_path / "proc-cgroupfs").rglob(cids[202])) / "freezer.state").mkdir()  # not writable as a file
+    hub.identity = IdentityResolver("cgroup", str(proc))
+    throttle = Throttle(hub, None, lambda gpu: {})  # type: ignore[arg-type]
+    procs = [GpuProcess(pid, 1, cid[:12], container=cid) for pid, cid in cids.items()]
+    for t in range(3):
+        throttle.poll(0, t * 500 * MS, procs, True)
+    assert throttle.throttled(0) == set() and throttle.proxies == {}
+    assert caplog.text.count("no freezer cgroup found") == 1 and caplog.text.count("cannot freeze") == 1
+    assert hub.peers == {}  # no client stands for them
+
+
+def test_a_managed_client_in_the_throttled_container_gives_its_lease_back_before_the_freeze(short_tmp: Path) -> None:
+    """The offender's container also runs a managed client (it shares the instance's lease with the daemon's
+    client for the container): the freeze waits for it to give the lease back, so no turn of the container is cut
+    off overrun_ms late, and the host tenant beside it is not made to wait for that."""
+    containers = needs_freezer(short_tmp)
+    import subprocess
+    import sys
+
+    from bench.containment import GATE, daemon, start_offender
+    from cgpu_testing.nvml import FakeNvml
+    from cgpu_testing.tools import ROOT
+
+    nvml = FakeNvml(short_tmp / "nvml.ctl")
+    d = daemon(short_tmp / "d", nvml, containers, "--unmanaged", "throttle")
+    cid = containers.new_id()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        wait_then_run = ("import runpy, sys\nsys.stdin.read(2)\nsys.argv = sys.argv[1:]\n"
+                         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        inside = subprocess.Popen([sys.executable, "-c", wait_then_run, str(GATE), d.sock, cid[:12], "1", "busy:12"],
+                                  stdin=subprocess.PIPE, env=env)
+        procs.append(inside)
+        containers.place(inside.pid, cid)
+        assert inside.stdin is not None
+        inside.stdin.write(b"go")
+        inside.stdin.close()
+        procs.append(subprocess.Popen([sys.executable, str(GATE), d.sock, f"uid-{os.geteuid()}", "1", "busy:12"],
+                                      env=env))
+        offender = start_offender(containers, cid)
+        procs.append(offender)
+        nvml.run(offender.pid, 100 << 20, sm="cpu")
+        assert _until(lambda: any(u["throttled"] for u in d.status()["gpus"][0]["unmanaged_processes"]))
+        before = d.status()["gpus"][0]["overruns"]
+        time.sleep(4.0)
+        gpu = d.status()["gpus"][0]
+        assert gpu["overruns"] - before == 0, gpu["revoked"]
+        ids = {i["id"]: i for i in gpu["instances"]}
+        assert cid[:12] in ids and len(ids[cid[:12]]["pids"]) == 2  # its managed client and the daemon's
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        d.stop()
+        containers.cleanup()
