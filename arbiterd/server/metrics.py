@@ -141,9 +141,9 @@ def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
                                     labels=gi) for name in INSTANCE_GAUGES}
     used = GaugeMetricFamily("cgpu_instance_memory_used_bytes", "Reserved device memory", labels=gi)
     limit = GaugeMetricFamily("cgpu_instance_memory_limit_bytes", "Memory limit", labels=gi)
-    wait = GaugeMetricFamily("cgpu_instance_grant_wait_seconds", "The instance's grant waits (acquire to grant) "
-                             "over the last minute, by quantile (0.5, 0.99); absent when nothing was granted in it",
-                             labels=[*gi, "quantile"])
+    waits = {q: GaugeMetricFamily(f"cgpu_instance_grant_wait_{q}_seconds", f"The {q} of the instance's grant waits "
+                                  "(acquire to grant) over the last minute; absent when nothing was granted in it",
+                                  labels=gi) for q in ("p50", "p99")}
     for g in doc.gpus:
         for i in g.instances:
             li = [str(g.index), i.id]
@@ -155,10 +155,10 @@ def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
             inst["highprio"].add_metric(li, i.highprio)
             used.add_metric(li, i.mem_used)
             limit.add_metric(li, i.mem_limit)
-            for q, ms in (("0.5", i.wait_p50_ms), ("0.99", i.wait_p99_ms)):
+            for q, ms in (("p50", i.wait_p50_ms), ("p99", i.wait_p99_ms)):
                 if ms is not None:
-                    wait.add_metric([*li, q], ms / 1e3)
-    yield from (held, delivered, entitled, demand, *inst.values(), used, limit, wait)
+                    waits[q].add_metric(li, ms / 1e3)
+    yield from (held, delivered, entitled, demand, *inst.values(), used, limit, *waits.values())
 
 
 def _client_metrics(hub: Hub) -> Iterator[Metric]:

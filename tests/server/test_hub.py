@@ -252,5 +252,5 @@ def test_each_instances_grant_wait_is_in_the_status_and_the_metrics(hub: Hub) ->
     reg = CollectorRegistry()
     reg.register(ArbiterCollector(hub))
     sample = reg.get_sample_value
-    assert sample("cgpu_instance_grant_wait_seconds", {"gpu": "0", "instance": "b", "quantile": "0.99"}) == 0.049
-    assert sample("cgpu_instance_grant_wait_seconds", {"gpu": "0", "instance": "c", "quantile": "0.5"}) is None
+    assert sample("cgpu_instance_grant_wait_p99_seconds", {"gpu": "0", "instance": "b"}) == 0.049
+    assert sample("cgpu_instance_grant_wait_p50_seconds", {"gpu": "0", "instance": "c"}) is None
