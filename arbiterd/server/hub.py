@@ -40,7 +40,7 @@ from arbiterd.server.intake import Intake
 from arbiterd.server.lograte import LogRate
 from arbiterd.server.nvml import ProcessSource
 from arbiterd.server.persist import StateStore
-from arbiterd.server.watch import Watcher
+from arbiterd.server.watch import Key, RecentClients, Watcher
 
 log = logging.getLogger("arbiterd")
 _K = TypeVar("_K")
@@ -113,6 +113,7 @@ class Hub:
         self._timer_at: int | None = None
         self.containment = Containment(time.monotonic_ns())  # NVML's view of what bypasses cgpu (server/watch.py)
         self.watcher: Watcher | None = None
+        self.recent = RecentClients()  # who connected to arbiter.sock lately: managed, registered or not
 
     # ----------------------------------------------------------- clients
     def admit(self, who: identity.Peer) -> tuple[str, str] | None:
@@ -406,9 +407,11 @@ class Hub:
             rec = self.arbiter.records.get((gpu, inst))
             return self.arbiter.mem_limit(rec) if rec is not None else None
 
-        self.watcher = Watcher(source, self.identity, self.containment,
-                               lambda: {p.pid for p in self.peers.values()
-                                        if p.instance is not None and not getattr(p, "proxy", False)}, limit,
+        def managed(now: int) -> set[Key]:
+            return self.recent.keys(now) | {(p.pid, p.peer.started) for p in self.peers.values()
+                                            if p.instance is not None and not getattr(p, "proxy", False)}
+
+        self.watcher = Watcher(source, self.identity, self.containment, managed, limit,
                                lambda gpu: self.arbiter.scheds[gpu].settings, lambda: self.config.unmanaged_allow)
         return self.watcher
 

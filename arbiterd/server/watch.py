@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiterd.core.containment import HOST, Containment, GpuProcess, Kill
+from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.errors import CoreError, IdentityError
 from arbiterd.core.settings import UNMANAGED
 from arbiterd.server.identity import IdentityResolver, host_instance, start_time
@@ -42,16 +43,42 @@ def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container:
                for e in entries)
 
 
+CLIENT_GRACE_NS = 30 * NS_PER_S  # a process that connected to arbiter.sock this lately counts as managed
+
+Key = tuple[int, "int | None"]  # a process: its pid and its start time (boot ticks), told from a later user of the pid
+
+
+class RecentClients:
+    """The processes that connected to arbiter.sock in the last ``CLIENT_GRACE_NS``: registered, refused or closed.
+
+    The shim connects at its first launch, allocation or memory query, after its CUDA context exists; a client the
+    daemon refused keeps its context and retries. Either is a client of cgpu, not work that bypasses it."""
+
+    def __init__(self) -> None:
+        self.seen: dict[Key, int] = {}  # (pid, start time) -> when it last connected or closed (ns)
+
+    def saw(self, pid: int, now: int | None = None) -> None:
+        """Process ``pid`` connected, or its connection closed, at ``now``."""
+        if pid > 0:
+            self.seen[(pid, start_time(pid))] = time.monotonic_ns() if now is None else now
+
+    def keys(self, now: int) -> set[Key]:
+        """The processes seen within the grace window before ``now`` (older ones are forgotten)."""
+        for key in [k for k, t in self.seen.items() if now - t > CLIENT_GRACE_NS]:
+            del self.seen[key]
+        return set(self.seen)
+
+
 class Watcher:
     """Polls one :class:`ProcessSource` for the hub's GPUs."""
 
     def __init__(self, source: ProcessSource, resolver: IdentityResolver, containment: Containment,
-                 managed: Callable[[], set[int]], limit: Callable[[int, str], int | None],
+                 managed: Callable[[int], set[Key]], limit: Callable[[int, str], int | None],
                  settings: Callable[[int], Any], allow: Callable[[], str | None]) -> None:
         self.source = source
         self.resolver = resolver
         self.containment = containment
-        self.managed = managed  # the pids of the connected, registered clients
+        self.managed = managed  # now -> (pid, start time) of the registered clients and of RecentClients
         self.limit = limit  # (gpu, instance) -> its memory limit, if it has a record
         self.settings = settings  # gpu -> its GpuSettings
         self.allow = allow
@@ -62,7 +89,7 @@ class Watcher:
 
     def poll(self, gpus: list[int], now: int | None = None) -> None:
         now = time.monotonic_ns() if now is None else now
-        managed = self.managed()
+        managed = self.managed(now)
         entries = allow_list(self.allow())
         for gpu in gpus:
             procs = [self.describe(pid, used, managed, entries) for pid, used in self.source.processes(gpu).items()]
@@ -84,7 +111,7 @@ class Watcher:
         """The pids the throttle holds frozen outside their turns on GPU ``gpu``."""
         return self.throttle.throttled(gpu) if self.throttle is not None else set()
 
-    def describe(self, pid: int, used: int, managed: set[int], entries: tuple[str, ...]) -> GpuProcess:
+    def describe(self, pid: int, used: int, managed: set[Key], entries: tuple[str, ...]) -> GpuProcess:
         """Process ``pid`` as the core sees it: its instance, managed or not, exempt or not."""
         base = self.proc / str(pid)
         exe = ""
@@ -103,7 +130,7 @@ class Watcher:
         except (OSError, IdentityError):
             pass  # it exited, or its cgroup cannot be read: HOST
         allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
-        return GpuProcess(pid, used, instance, pid in managed, allowed, container, exe)
+        return GpuProcess(pid, used, instance, (pid, start_time(pid)) in managed, allowed, container, exe)
 
     def kill(self, k: Kill) -> None:
         try:

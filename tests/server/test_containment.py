@@ -195,3 +195,25 @@ def test_an_executable_on_the_allow_list_exempts_no_container(daemon_factory: An
         p.kill()
         p.wait()
         containers.cleanup()
+
+
+def test_a_process_that_connected_to_arbiter_sock_lately_is_managed_registered_or_not(
+        daemon_factory: Any, nvml: FakeNvml, sleeper: subprocess.Popen[bytes]) -> None:
+    """The shim connects at its first launch or allocation, after its context exists, and a refused client keeps
+    its context: a process that connected within CLIENT_GRACE_NS is not killed; one that never connected is."""
+    d = start(daemon_factory, nvml, "--unmanaged", "kill")
+    client = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                               "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.close()\n"
+                               "print('closed', flush=True); time.sleep(60)\n", d.sock], stdout=subprocess.PIPE)
+    try:
+        assert client.stdout is not None and client.stdout.readline() == b"closed\n"
+        wait_for(lambda: d.status()["uptime_seconds"] > START_GRACE_NS / 1e9, timeout=10)
+        nvml.run(client.pid, 300 * MIB)
+        nvml.run(sleeper.pid, 300 * MIB)
+        wait_for(lambda: sleeper.poll() is not None)  # the one that never connected
+        time.sleep(5 * POLL_MS / 1000)
+        assert client.poll() is None
+        assert client.pid not in [u["pid"] for u in gpu0(d)["unmanaged_processes"]]
+    finally:
+        client.kill()
+        client.wait()
