@@ -167,15 +167,16 @@ class Daemon:
                 peer.fail("bad_request", "idle: register within idle_timeout_s of hello")
 
     def _start_watching(self) -> None:
-        """Poll NVML for work that bypasses cgpu, on real GPUs (simulated ones have no processes to list)."""
+        """Poll NVML for work that bypasses cgpu, on real GPUs (simulated ones have no processes to list). What a
+        daemon before this one left frozen is thawed first, whether or not NVML opens."""
+        record = Path(self.hub.config.run_dir) / "frozen"
+        thaw_left(record)
         if any(g.simulated for g in self.hub.gpus):
             return
         source = open_nvml([g.index for g in self.hub.gpus])
         if source is not None:
             self._source = source
             watcher = self.hub.watch(source)
-            record = Path(self.hub.config.run_dir) / "frozen"
-            thaw_left(record)
             watcher.throttle = Throttle(self.hub, asyncio.get_running_loop(), source.busy, record)
             self._tasks.append(asyncio.create_task(self._watch(watcher)))
 

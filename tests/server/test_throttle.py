@@ -216,3 +216,31 @@ def test_a_managed_client_in_the_throttled_container_gives_its_lease_back_before
             proc.wait()
         d.stop()
         containers.cleanup()
+
+
+def test_a_daemon_thaws_what_the_one_before_it_left_frozen_without_nvml(short_tmp: Path) -> None:
+    """The record of a daemon that was killed while it throttled is read at start whatever the GPUs: here simulated
+    ones, where no NVML is opened."""
+    containers = needs_freezer(short_tmp)
+    import subprocess
+
+    from cgpu_testing.daemon import DaemonProc
+
+    p = subprocess.Popen(["sleep", "60"])
+    d = DaemonProc(short_tmp / "d", *containers.daemon_args(), "--sim-gpus", "1x1GiB")
+    try:
+        cid = containers.new_id()
+        containers.place(p.pid, cid)
+        path = freezer_of(Path("/proc"), p.pid, CgroupFs(Path("/proc")))
+        assert path is not None and set_frozen(path, True) >= 0
+        d.run_dir.mkdir(parents=True)
+        (d.run_dir / "frozen").write_text(f"{path}\n")
+        d.start()
+        assert _until(lambda: path.read_text().strip() in ("THAWED", "0"), 5.0)
+        assert not (d.run_dir / "frozen").exists()
+    finally:
+        p.kill()
+        if d.running():
+            d.stop()
+        containers.cleanup()  # thaws first: a frozen process dies once thawed
+        p.wait()
