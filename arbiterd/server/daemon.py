@@ -222,6 +222,11 @@ class Daemon:
         self.notifier.send("STOPPING=1")
         for server in self._servers:
             server.close()
+        for task in self._tasks:  # the NVML poll first: a poll after the throttle closed would freeze again
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.hub.watcher is not None and self.hub.watcher.throttle is not None:
             self.hub.watcher.throttle.close()  # nothing stays frozen once the daemon is gone
         for peer in list(self.hub.peers.values()):
@@ -230,11 +235,6 @@ class Daemon:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 2.0)
         self.hub.save_state()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         self.hub.stop_timer()
         if self._source is not None:
             self._source.close()
