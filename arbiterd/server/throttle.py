@@ -91,10 +91,16 @@ class Proxy:
         self.timer: asyncio.TimerHandle | None = None
         self.frozen_since: int | None = None
         self.closed = False
+        self.cid = 0
         if set_frozen(freezer, True) < 0:
+            set_frozen(freezer, False)  # a v2 write may fail half-way: nothing stays frozen for a proxy not made
             raise OSError(f"cannot freeze {freezer.parent}")
         self.frozen_since = time.monotonic_ns()
-        self.cid = hub.attach(self)
+        try:
+            self.cid = hub.attach(self)
+        except BaseException:
+            self.close()
+            raise
 
     def start(self) -> None:
         """Register as the container's instance and ask for the GPU (raises CoreError when refused)."""
@@ -164,7 +170,8 @@ class Proxy:
         if self.timer is not None:
             self.timer.cancel()
         set_frozen(self.freezer, False)
-        self.hub.detach(self.cid)
+        if self.cid:
+            self.hub.detach(self.cid)
 
 
 def thaw_left(record: Path) -> None:
@@ -225,10 +232,12 @@ class Throttle:
         if gone or new:
             self._write_record()
 
-    def _write_record(self) -> None:
+    def _write_record(self, also: Path | None = None) -> None:
+        """List the freezer files of the proxies, and ``also`` (one about to be frozen), in the record."""
         if self.record is None:
             return
-        text = "".join(f"{p.freezer}\n" for p in self.proxies.values())
+        paths = [p.freezer for p in self.proxies.values()] + ([also] if also is not None else [])
+        text = "".join(f"{path}\n" for path in dict.fromkeys(paths))
         try:
             tmp = self.record.with_suffix(".tmp")
             tmp.write_text(text)
@@ -245,6 +254,7 @@ class Throttle:
                       gpu, container[:12], proc.pid)
             return
         who = identity.Peer(proc.pid, 0, container, None, identity.start_time(proc.pid))
+        self._write_record(also=freezer)  # before the freeze: a daemon killed now leaves it listed, to be thawed
         try:
             proxy = Proxy(self.hub, gpu, who, freezer, self.loop)
         except OSError:  # logged by set_frozen; tried again only once its offender is gone and back
@@ -252,10 +262,11 @@ class Throttle:
             return
         try:
             proxy.start()
-        except CoreError as exc:
+        except Exception as exc:  # refused (CoreError) or anything else: never left frozen and unlisted
             log.error("GPU %d: container %s cannot be scheduled as a tenant (%s); it is reported, not throttled",
                       gpu, container[:12], exc)
             proxy.close()
+            self.failed.add((gpu, container))
             return
         self.proxies[(gpu, container)] = proxy
         log.warning("GPU %d: throttling container %s (pid %d) as instance %s: frozen outside its turns", gpu,

@@ -244,3 +244,37 @@ def test_a_daemon_thaws_what_the_one_before_it_left_frozen_without_nvml(short_tm
             d.stop()
         containers.cleanup()  # thaws first: a frozen process dies once thawed
         p.wait()
+
+
+def test_a_proxy_that_fails_to_start_leaves_nothing_frozen_and_the_freeze_is_recorded_first(
+        hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record lists the container before its first freeze (a daemon killed between the two leaves it to be
+    thawed), and any failure to schedule the proxy, not only a refusal, thaws the container."""
+    from arbiterd.core.containment import GpuProcess
+    from arbiterd.server import throttle as throttle_mod
+    from arbiterd.server.identity import IdentityResolver
+    from cgpu_testing.containers import fake_cgroup
+
+    proc, cid = tmp_path / "proc", "ab" * 32
+    fake_cgroup(proc, 301, f"6:freezer:/docker/{cid}")
+    state = next((tmp_path / "proc-cgroupfs").rglob(cid)) / "freezer.state"
+    state.write_text("THAWED")
+    hub.identity = IdentityResolver("cgroup", str(proc))
+    record = tmp_path / "frozen"
+    at_freeze: list[str] = []
+    real = throttle_mod.set_frozen
+
+    def spy(path: Path, frozen: bool) -> int:
+        if frozen:
+            at_freeze.append(record.read_text() if record.exists() else "")
+        return real(path, frozen)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(throttle_mod, "set_frozen", spy)
+    monkeypatch.setattr(hub, "serve", broken)
+    throttle = Throttle(hub, None, lambda gpu: {}, record)  # type: ignore[arg-type]
+    throttle.poll(0, 0, [GpuProcess(301, 1, cid[:12], container=cid)], True)
+    assert at_freeze == [f"{state}\n"]
+    assert state.read_text() == "THAWED" and throttle.proxies == {} and hub.peers == {}
