@@ -20,7 +20,7 @@ import pytest
 from arbiterd.core.settings import InstanceSettings
 from arbiterd.server.cgroups import CgroupFs
 from arbiterd.server.hub import Hub
-from arbiterd.server.throttle import Throttle, freezer_of, set_frozen
+from arbiterd.server.throttle import Freezer, Throttle, freezer_of, set_frozen
 from cgpu_testing.containers import Containers
 
 MS = 1_000_000
@@ -83,7 +83,8 @@ def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_change
         d.stop(signal.SIGKILL)  # one that dies leaves it frozen or thawed, as it was ...
         nvml.gone(offender.pid)
         d.start()  # ... and the next one thaws it
-        assert _thawed(state) and "left frozen by a daemon that stopped" in d.read_log()
+        assert _until(lambda: "left frozen by a daemon that stopped" in d.read_log(), 5.0)  # after the sockets
+        assert _thawed(state)
     finally:
         offender.kill()
         offender.wait()
@@ -110,21 +111,53 @@ def _thawed(path: Path) -> bool:
     return False
 
 
-def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub) -> None:
-    """NVML says the frozen offender's process kept the GPU 40 % busy for 100 ms: 40 ms go on its instance's bill."""
+def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub, tmp_path: Path) -> None:
+    """Between two polls 100 ms apart the container was frozen 1000-1030 and 1060-1080 ms, thawed in its turns
+    between: NVML's samples stamped while frozen say 40 %, the one stamped in its turn 100 %. 40 % of the 50 ms frozen,
+    20 ms, goes on its instance's bill; what ran in its turn is its lease's."""
     hub.arbiter.provision("c0ffee", [0], InstanceSettings(), 0)
-    throttle = Throttle(hub, None, lambda gpu: {4242: 40})  # type: ignore[arg-type]
-    proxy = SimpleNamespace(frozen_since=0, instance="c0ffee", close=lambda: None)
+    wall = time.time_ns() - time.monotonic_ns()
+
+    def us(ms: int) -> int:
+        return (ms * MS + wall) // 1000
+
+    samples = {4242: [(us(1010), 40), (us(1045), 100), (us(1070), 40)]}
+    throttle = Throttle(hub, None, lambda gpu: samples)  # type: ignore[arg-type]
+    freezer = Freezer(tmp_path / "freezer.state")
+    freezer.stretches = [[1000 * MS, 1030 * MS], [1060 * MS, 1080 * MS]]
+    proxy = SimpleNamespace(freezer=freezer, instance="c0ffee", close=lambda: None)
     throttle.proxies[(0, "c0ffee" * 10)] = proxy  # type: ignore[assignment]
     throttle.pids[(0, "c0ffee" * 10)] = {4242}
     before = hub.arbiter.scheds[0].held_ns("c0ffee", 0)
     throttle._charge(0, 1000 * MS)
     throttle._charge(0, 1100 * MS)
-    assert hub.arbiter.scheds[0].held_ns("c0ffee", 0) - before == 40 * MS
-    assert throttle.charged_ns[0] == 40 * MS
-    proxy.frozen_since = None  # in its turn: what it runs is its lease's, not billed again
+    assert hub.arbiter.scheds[0].held_ns("c0ffee", 0) - before == 20 * MS
+    assert throttle.charged_ns[0] == 20 * MS
+    samples[4242] = [(us(1150), 100)]  # in its turn (no stretch frozen): what it runs is its lease's
     throttle._charge(0, 1200 * MS)
-    assert throttle.charged_ns[0] == 40 * MS
+    assert throttle.charged_ns[0] == 20 * MS
+
+
+def test_one_freezer_per_container_is_thawed_only_while_every_gpu_s_proxy_holds_a_turn(tmp_path: Path) -> None:
+    """A container throttled on two GPUs has one freezer: a turn on one GPU does not thaw it while the other's proxy
+    is out of turn, and it is thawed for good when the last proxy leaves."""
+    path = tmp_path / "freezer.state"
+    path.write_text("THAWED")
+    f = Freezer(path)
+    f.set(1, False)
+    f.set(2, False)
+    assert path.read_text() == "FROZEN"
+    f.set(1, True)
+    assert path.read_text() == "FROZEN"  # GPU 1's proxy still out of turn
+    f.set(2, True)
+    assert path.read_text() == "THAWED"
+    f.set(1, False)
+    f.leave(1)
+    assert path.read_text() == "THAWED" and f.turns == {2: True}
+    f.set(2, False)
+    assert path.read_text() == "FROZEN"
+    f.leave(2)
+    assert path.read_text() == "THAWED"
 
 
 def test_the_freezer_is_found_on_cgroup_v1_and_v2(tmp_path: Path) -> None:
