@@ -290,7 +290,10 @@ class Throttle:
             log.error("GPU %d: container %s (pid %d): no freezer cgroup found; it is reported, not throttled",
                       gpu, container[:12], proc.pid)
             return
-        who = identity.Peer(proc.pid, 0, container, None, identity.start_time(proc.pid))
+        started = identity.start_time(proc.pid)
+        if (proc.started is not None and started != proc.started) or container not in str(freezer.parent):
+            return  # its pid went to another process, or it moved, since NVML's poll: the next poll tells
+        who = identity.Peer(proc.pid, 0, container, None, started)
         self._write_record(also=freezer)  # before the freeze: a daemon killed now leaves it listed, to be thawed
         try:
             proxy = Proxy(self.hub, gpu, who, self.freezers.setdefault(freezer, Freezer(freezer)), self.loop)

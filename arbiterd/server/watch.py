@@ -86,6 +86,7 @@ class Watcher:
         self.utilization: dict[int, int | None] = {}
         self.throttle: Any = None  # the throttle (arbiterd/server/throttle.py), where one runs
         self.cannot: set[tuple[int, int]] = set()  # (gpu, pid) a kill failed for, logged once
+        self.in_host_ns: bool | None = None  # whether arbiterd sees the host's pids (told at the first action)
 
     def poll(self, gpus: list[int], now: int | None = None) -> None:
         now = time.monotonic_ns() if now is None else now
@@ -104,7 +105,7 @@ class Watcher:
             for k in seen.kills:
                 self.kill(k)
             if self.throttle is not None:
-                throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle"
+                throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle" and self.host_pids()
                 self.throttle.poll(gpu, now, seen.actionable, throttling)
 
     def throttled(self, gpu: int) -> set[int]:
@@ -130,21 +131,61 @@ class Watcher:
         except (OSError, IdentityError):
             pass  # it exited, or its cgroup cannot be read: HOST
         allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
-        return GpuProcess(pid, used, instance, (pid, start_time(pid)) in managed, allowed, container, exe)
+        started = start_time(pid)
+        return GpuProcess(pid, used, instance, (pid, started) in managed, allowed, container, exe, started)
 
     def kill(self, k: Kill) -> None:
+        """SIGKILL through a pidfd of the process, once its start time still says it is the one meant; never the
+        daemon itself, and nothing outside the host's pid namespace (NVML's pids are the host's)."""
+        if k.pid == os.getpid() or not self.host_pids():
+            return
         try:
-            os.kill(k.pid, signal.SIGKILL)
+            fd = os.pidfd_open(k.pid)
         except ProcessLookupError:
             return
         except OSError as exc:
-            if (k.gpu, k.pid) not in self.cannot:  # once a process: it is tried again at every poll
-                self.cannot.add((k.gpu, k.pid))
-                log.error("GPU %d: cannot kill pid %d: %s (arbiterd needs CAP_KILL for other users' processes)",
-                          k.gpu, k.pid, exc.strerror)
+            self._cannot(k, exc)
             return
+        try:
+            if k.started is None or start_time(k.pid) != k.started:
+                return  # it exited and its pid went to another process
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError as exc:
+            self._cannot(k, exc)
+            return
+        finally:
+            os.close(fd)
         self.containment.killed(k)
         log.warning("GPU %d: killed pid %d: %s", k.gpu, k.pid, k.why)
+
+    def host_pids(self) -> bool:
+        """Whether the daemon runs in the host's pid namespace (logged once where it does not: it reports only)."""
+        if self.in_host_ns is None:
+            self.in_host_ns = _host_pid_namespace()
+            if not self.in_host_ns:
+                log.error("arbiterd is not in the host's pid namespace: NVML's pids are not its own, so nothing is "
+                          "killed or throttled (unmanaged and memory_enforce act as report); run it with hostPID")
+        return self.in_host_ns
+
+    def _cannot(self, k: Kill, exc: OSError) -> None:
+        if (k.gpu, k.pid) not in self.cannot:  # once a process: it is tried again at every poll
+            self.cannot.add((k.gpu, k.pid))
+            log.error("GPU %d: cannot kill pid %d: %s (arbiterd needs CAP_KILL for other users' processes)",
+                      k.gpu, k.pid, exc.strerror)
+
+
+HOST_PID_NS = 4026531836  # the inode of the initial pid namespace (PROC_PID_INIT_INO)
+
+
+def _host_pid_namespace() -> bool:
+    """Whether this process is in the host's (the initial) pid namespace. Pid 1's namespace is no test: in a
+    container, pid 1 is the container's own init."""
+    try:
+        return os.readlink("/proc/self/ns/pid") == f"pid:[{HOST_PID_NS}]"
+    except OSError:
+        return False
 
 
 def _cgroup_paths(base: Path) -> list[str]:
