@@ -12,7 +12,7 @@ the processes to kill and why, and the instances newly over their memory limit.
   throttle (arbiterd/server/throttle.py), which schedules the offender's container
   as a tenant and freezes it outside its turns.
 - ``memory_enforce`` (per GPU): an instance whose processes use more than its
-  limit plus ``memory_allowance`` per process for longer than
+  limit plus their context allowance (:func:`context_allowance`) for longer than
   ``memory_grace_ms`` is reported (``report``) or loses its largest process
   (``kill``), as the kernel's OOM killer chooses.
 """
@@ -138,7 +138,7 @@ class Containment:
             cap = limit(inst)
             if cap is None:
                 continue
-            cap += counts[inst] * settings.memory_allowance
+            cap += context_allowance([p for p in procs if p.instance == inst], settings.memory_allowance)
             key = (gpu, inst)
             if used <= cap:
                 continue
@@ -157,7 +157,7 @@ class Containment:
                 if big is not None:
                     seen.kills.append(Kill(gpu, big.pid, inst, "memory",
                                            f"instance {inst} on GPU {gpu} uses {used} B, over its limit {cap} B "
-                                           f"(memsize and {counts[inst]} x memory_allowance) for "
+                                           f"(memsize and the context allowance of its {counts[inst]} process(es)) for "
                                            f"{(now - since) // NS_PER_MS} ms: killing its largest process, pid "
                                            f"{big.pid} ({big.used} B) (memory_enforce = kill)", big.started))
         for key in [k for k in self.over_since if k[0] == gpu and k not in over]:
@@ -168,6 +168,14 @@ class Containment:
         """``kill`` was carried out (the process got SIGKILL): counted once, and not killed again while listed."""
         self.kills[(kill.gpu, kill.reason)] += 1
         self.dying.add((kill.gpu, kill.pid, kill.started))
+
+
+def context_allowance(procs: list[GpuProcess], allowance: int) -> int:
+    """What an instance whose processes on a GPU are ``procs`` may use beyond its limit for their CUDA contexts:
+    each process counts what it uses up to ``allowance``, and the whole is at most one ``allowance`` per managed
+    process (at least one): processes it starts outside cgpu add no room."""
+    most = max(1, sum(p.managed for p in procs)) * allowance
+    return min(most, sum(min(p.used, allowance) for p in procs))
 
 
 def _memory(procs: list[GpuProcess]) -> dict[str, int]:

@@ -403,13 +403,20 @@ class Hub:
 
     def watch(self, source: ProcessSource) -> Watcher:
         """Watch the GPUs through ``source`` (NVML): work that bypasses cgpu is seen, charged and stopped."""
-        def limit(gpu: int, inst: str) -> int | None:
+        def limit(gpu: int, inst: str) -> int:
+            """Its record's memsize, else default_memsize, else the whole device (as for a client)."""
             rec = self.arbiter.records.get((gpu, inst))
-            return self.arbiter.mem_limit(rec) if rec is not None else None
+            if rec is not None:
+                return self.arbiter.mem_limit(rec)
+            total, size = self.arbiter.gpus[gpu].total_mem, self.arbiter.globals.default_memsize
+            return min(size, total) if size > 0 else total
 
-        def managed(now: int) -> set[Key]:
-            return self.recent.keys(now) | {(p.pid, p.peer.started) for p in self.peers.values()
-                                            if p.instance is not None and not getattr(p, "proxy", False)}
+        def managed(now: int) -> dict[Key, str | None]:
+            """The managed processes: each registered client with its instance, then the recent connections."""
+            out: dict[Key, str | None] = dict.fromkeys(self.recent.keys(now))
+            out.update({(p.pid, p.peer.started): p.instance for p in self.peers.values()
+                        if p.instance is not None and not getattr(p, "proxy", False)})
+            return out
 
         self.watcher = Watcher(source, self.identity, self.containment, managed, limit,
                                lambda gpu: self.arbiter.scheds[gpu].settings, lambda: self.config.unmanaged_allow)

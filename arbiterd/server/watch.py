@@ -73,13 +73,13 @@ class Watcher:
     """Polls one :class:`ProcessSource` for the hub's GPUs."""
 
     def __init__(self, source: ProcessSource, resolver: IdentityResolver, containment: Containment,
-                 managed: Callable[[int], set[Key]], limit: Callable[[int, str], int | None],
+                 managed: Callable[[int], dict[Key, str | None]], limit: Callable[[int, str], int | None],
                  settings: Callable[[int], Any], allow: Callable[[], str | None]) -> None:
         self.source = source
         self.resolver = resolver
         self.containment = containment
-        self.managed = managed  # now -> (pid, start time) of the registered clients and of RecentClients
-        self.limit = limit  # (gpu, instance) -> its memory limit, if it has a record
+        self.managed = managed  # now -> (pid, start time) -> instance, of the registered clients and RecentClients
+        self.limit = limit  # (gpu, instance) -> its memory limit (its memsize, default_memsize, or the device)
         self.settings = settings  # gpu -> its GpuSettings
         self.allow = allow
         self.proc = resolver.proc_root
@@ -112,7 +112,7 @@ class Watcher:
         """The pids the throttle holds frozen outside their turns on GPU ``gpu``."""
         return self.throttle.throttled(gpu) if self.throttle is not None else set()
 
-    def describe(self, pid: int, used: int, managed: set[Key], entries: tuple[str, ...]) -> GpuProcess:
+    def describe(self, pid: int, used: int, managed: dict[Key, str | None], entries: tuple[str, ...]) -> GpuProcess:
         """Process ``pid`` as the core sees it: its instance, managed or not, exempt or not."""
         base = self.proc / str(pid)
         exe = ""
@@ -132,7 +132,8 @@ class Watcher:
             pass  # it exited, or its cgroup cannot be read: HOST
         allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
         started = start_time(pid)
-        return GpuProcess(pid, used, instance, (pid, started) in managed, allowed, container, exe, started)
+        client = managed.get((pid, started))  # a registered client's instance is its connection's, as it registered
+        return GpuProcess(pid, used, client or instance, (pid, started) in managed, allowed, container, exe, started)
 
     def kill(self, k: Kill) -> None:
         """SIGKILL through a pidfd of the process, once its start time still says it is the one meant; never the

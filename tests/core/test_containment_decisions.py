@@ -58,15 +58,19 @@ def test_an_instance_over_its_limit_past_the_grace_loses_its_largest_process_or_
     procs = [GpuProcess(1, 700 * MIB, "a", managed=True), GpuProcess(2, 600 * MIB, "a"), GpuProcess(3, 5000 * MIB, "b")]
     for mode in ("report", "kill"):
         c = Containment()
-        assert c.observe(0, 0, procs, gpu(memory_enforce=mode), limit).breaches == []  # 1300 > 1000 + 2 x 100 MiB
+        assert c.observe(0, 0, procs, gpu(memory_enforce=mode), limit).breaches == []  # 1300 > 1000 + 1 x 100 MiB
         assert c.observe(0, 999 * NS_PER_MS, procs, gpu(memory_enforce=mode), limit).kills == []  # within the grace
         seen = c.observe(0, 1000 * NS_PER_MS, procs, gpu(memory_enforce=mode), limit)
-        assert [(b.instance, b.used, b.limit) for b in seen.breaches] == [("a", 1300 * MIB, 1200 * MIB)]
+        assert [(b.instance, b.used, b.limit) for b in seen.breaches] == [("a", 1300 * MIB, 1100 * MIB)]
         assert [k.pid for k in seen.kills] == ([1] if mode == "kill" else [])
         assert c.breaches[0] == 1
-    within = [GpuProcess(1, 700 * MIB, "a"), GpuProcess(2, 600 * MIB, "a"), GpuProcess(4, 0, "a")]
-    c = Containment()  # a third process brings its own context's allowance: 1300 <= 1000 + 3 x 100 MiB
+    within = [GpuProcess(1, 650 * MIB, "a", managed=True), GpuProcess(2, 550 * MIB, "a", managed=True),
+              GpuProcess(4, 0, "a")]
+    c = Containment()  # two managed processes, two allowances: 1200 <= 1000 + 2 x 100 MiB
     assert c.observe(0, 0, within, gpu(memory_enforce="kill", grace_ms=0), limit).kills == []
+    spawned = [*within, GpuProcess(5, 100 * MIB, "a")]  # one more outside cgpu brings no allowance of its own
+    seen = Containment().observe(0, 0, spawned, gpu(memory_enforce="kill", grace_ms=0), limit)
+    assert [(b.used, b.limit) for b in seen.breaches] == [(1300 * MIB, 1200 * MIB)]
 
 
 def test_the_oom_kill_waits_for_its_victim_and_a_stretch_under_the_limit_starts_the_grace_again() -> None:

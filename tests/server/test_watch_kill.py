@@ -1,5 +1,6 @@
-"""How the watcher carries out a kill: through a pidfd, once the process's start time says it is still the one the
-core meant; never the daemon itself; nothing outside the host's pid namespace."""
+"""The watcher's edge: a kill goes through a pidfd, once the process's start time says it is still the one the core
+meant, never to the daemon itself, nothing outside the host's pid namespace; a managed process's instance and the
+memory limit of an instance without a record."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pytest
 
 from arbiterd.core.containment import Containment, Kill
 from arbiterd.server import watch
+from arbiterd.server.hub import Hub
 from arbiterd.server.identity import IdentityResolver, start_time
 
 
 def watcher() -> watch.Watcher:
-    return watch.Watcher(mock.Mock(), IdentityResolver(), Containment(), lambda now: set(), lambda g, i: None,
+    return watch.Watcher(mock.Mock(), IdentityResolver(), Containment(), lambda now: {}, lambda g, i: None,
                          lambda g: None, lambda: None)
 
 
@@ -48,3 +50,18 @@ def test_the_daemon_never_kills_itself_and_outside_the_host_pid_namespace_kills_
         w.kill(Kill(0, sleeper.pid, "x", "unmanaged", "test", start_time(sleeper.pid)))
     assert sleeper.poll() is None and caplog.text.count("not in the host's pid namespace") == 1
     assert Path("/proc/self/ns/pid").exists()
+
+
+def test_a_managed_process_is_its_connection_s_instance() -> None:
+    me = os.getpid()
+    w = watcher()
+    assert w.describe(me, 1, {(me, start_time(me)): "named"}, ()).instance == "named"
+    assert w.describe(me, 1, {(me, start_time(me)): None}, ()).managed  # connected lately, not registered
+    assert not w.describe(me, 1, {(me, 1): "named"}, ()).managed  # an earlier process with its pid
+
+
+def test_an_instance_without_a_record_is_held_to_default_memsize_else_the_device(hub: Hub) -> None:
+    w = hub.watch(mock.Mock())
+    assert w.limit(0, "nobody") == 16 << 30
+    hub.arbiter.set_global("default_memsize", 1 << 30)
+    assert w.limit(0, "nobody") == 1 << 30
