@@ -35,12 +35,24 @@ def allow_list(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip().rstrip("/") or "/" for p in (text or "").split(",") if p.strip())
 
 
-def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container: bool) -> bool:
+def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container: bool, root_run: bool = False) -> bool:
     """Whether a process whose executable is ``exe`` and whose cgroup paths are ``cgroups`` is allowed. An
-    executable counts for host processes only: a container may ship any path (the host reads a container's
-    executable as the container names it)."""
-    return any((exe == e and not in_container) or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups)
+    executable counts for a host process run by root from a root-owned file no one else may write (``root_run``)
+    only: a container may ship any path (the host reads a container's executable as the container names it), and
+    any user may run a system binary with LD_PRELOAD."""
+    by_exe = root_run and not in_container
+    return any((exe == e and by_exe) or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups)
                for e in entries)
+
+
+def root_run(base: Path) -> bool:
+    """Whether the process at ``base`` (/proc/<pid>) runs as root, from a root-owned executable that neither its
+    group nor others may write."""
+    try:
+        proc, exe = os.stat(base), os.stat(base / "exe")
+    except OSError:
+        return False
+    return proc.st_uid == 0 and exe.st_uid == 0 and not exe.st_mode & 0o022
 
 
 CLIENT_GRACE_NS = 30 * NS_PER_S  # a process that connected to arbiter.sock this lately counts as managed
@@ -130,7 +142,7 @@ class Watcher:
                 instance = host_instance(uid) if container is None else instance
         except (OSError, IdentityError):
             pass  # it exited, or its cgroup cannot be read: HOST
-        allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
+        allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None, root_run(base))
         started = start_time(pid)
         client = managed.get((pid, started))  # a registered client's instance is its connection's, as it registered
         return GpuProcess(pid, used, client or instance, (pid, started) in managed, allowed, container, exe, started)

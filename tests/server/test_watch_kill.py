@@ -65,3 +65,23 @@ def test_an_instance_without_a_record_is_held_to_default_memsize_else_the_device
     assert w.limit(0, "nobody") == 16 << 30
     hub.arbiter.set_global("default_memsize", 1 << 30)
     assert w.limit(0, "nobody") == 1 << 30
+
+
+def test_an_executable_on_the_allow_list_exempts_a_root_run_host_process_of_a_root_owned_file_only(
+        tmp_path: Path) -> None:
+    """LD_PRELOAD=evil.so /usr/bin/nv-hostengine, run by any user, is that executable: it is exempt only run by
+    root from a file only root may write."""
+    entries = ("/usr/bin/nv-hostengine",)
+    assert watch.exempt(entries, "/usr/bin/nv-hostengine", [], False, root_run=True)
+    assert not watch.exempt(entries, "/usr/bin/nv-hostengine", [], False, root_run=False)
+    assert not watch.exempt(entries, "/usr/bin/nv-hostengine", [], True, root_run=True)
+    me = Path(f"/proc/{os.getpid()}")
+    assert watch.root_run(me) == (os.geteuid() == 0 and os.stat(me / "exe").st_uid == 0
+                                  and not os.stat(me / "exe").st_mode & 0o022)
+    loose = tmp_path / "exe"
+    loose.write_text("")
+    loose.chmod(0o777)
+    fake = tmp_path / "proc"
+    fake.mkdir()
+    (fake / "exe").symlink_to(loose)
+    assert not watch.root_run(fake)  # written by anyone
