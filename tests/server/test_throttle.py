@@ -207,7 +207,7 @@ def test_a_container_that_cannot_be_frozen_is_reported_with_one_line(hub: Hub, t
 def test_a_managed_client_in_the_throttled_container_gives_its_lease_back_before_the_freeze(short_tmp: Path) -> None:
     """The offender's container also runs a managed client (it shares the instance's lease with the daemon's
     client for the container): the freeze waits for it to give the lease back, so no turn of the container is cut
-    off overrun_ms late, and the host tenant beside it is not made to wait for that."""
+    off overrun_ms late."""
     containers = needs_freezer(short_tmp)
     import subprocess
     import sys
