@@ -37,6 +37,8 @@ from arbiterd.core.errors import CoreError
 from arbiterd.server import identity
 from arbiterd.server.cgroups import CgroupFs, outermost_container
 
+Samples = dict[int, list[tuple[int, int]]]  # pid -> (time stamp us since the epoch, SM %), as ProcessSource.busy
+
 log = logging.getLogger("arbiterd.containment")
 _IDS = itertools.count(1)
 
@@ -113,7 +115,8 @@ class Freezer:
     def frozen_within(self, since: int, until: int) -> list[tuple[int, int]]:
         """The stretches frozen between ``since`` and ``until`` (ns); older ones are forgotten."""
         self.stretches = [st for st in self.stretches if st[1] == 0 or st[1] > since]
-        return [(max(a, since), min(b or until, until)) for a, b in self.stretches if a < until and (b or until) > since]
+        return [(max(a, since), min(b or until, until)) for a, b in self.stretches
+                if a < until and (b or until) > since]
 
 
 class Proxy:
@@ -227,7 +230,7 @@ class Throttle:
     """The proxies of the offenders' containers, per GPU, kept in step with what NVML shows; ``record``: where the
     freezer files of the containers it throttles are listed, so that the next daemon thaws them if this one dies."""
 
-    def __init__(self, hub: Any, loop: asyncio.AbstractEventLoop, busy: Callable[[int], dict[int, list[tuple[int, int]]]],
+    def __init__(self, hub: Any, loop: asyncio.AbstractEventLoop, busy: Callable[[int], Samples],
                  record: Path | None = None) -> None:
         self.hub, self.loop, self.busy, self.record = hub, loop, busy, record
         self.proxies: dict[tuple[int, str], Proxy] = {}  # (gpu, container id) -> its proxy

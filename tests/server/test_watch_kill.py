@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -23,9 +24,9 @@ def watcher() -> watch.Watcher:
 
 
 @pytest.fixture
-def sleeper() -> subprocess.Popen[bytes]:
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     p = subprocess.Popen(["sleep", "60"])
-    yield p  # type: ignore[misc]
+    yield p
     p.kill()
     p.wait()
 
@@ -45,7 +46,7 @@ def test_the_daemon_never_kills_itself_and_outside_the_host_pid_namespace_kills_
     w = watcher()
     w.kill(Kill(0, os.getpid(), "x", "unmanaged", "test", start_time(os.getpid())))
     assert w.containment.kills.total() == 0
-    with mock.patch.object(watch.os, "readlink", return_value="pid:[4026532999]"):
+    with mock.patch("os.readlink", return_value="pid:[4026532999]"):
         w.kill(Kill(0, sleeper.pid, "x", "unmanaged", "test", start_time(sleeper.pid)))
         w.kill(Kill(0, sleeper.pid, "x", "unmanaged", "test", start_time(sleeper.pid)))
     assert sleeper.poll() is None and caplog.text.count("not in the host's pid namespace") == 1
