@@ -12,7 +12,7 @@ the processes to kill and why, and the instances newly over their memory limit.
   throttle (arbiterd/server/throttle.py), which schedules the offender's container
   as a tenant and freezes it outside its turns.
 - ``memory_enforce`` (per GPU): an instance whose processes use more than its
-  limit plus ``memory_allowance`` per process for longer than
+  limit plus their context allowance (:func:`context_allowance`) for longer than
   ``memory_grace_ms`` is reported (``report``) or loses its largest process
   (``kill``), as the kernel's OOM killer chooses.
 """
@@ -40,6 +40,7 @@ class GpuProcess:
     exempt: bool = False  # on the operator's allow-list (unmanaged_allow)
     container: str | None = None  # its full container id, if it is in one
     exe: str = ""
+    started: int | None = None  # its start time (boot ticks): a later process with its pid is another
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class Kill:
     instance: str
     reason: str  # "unmanaged" or "memory"
     why: str  # one line for the log
+    started: int | None = None  # the start time of the process meant: re-checked before the signal
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +87,13 @@ class Containment:
 
     def __init__(self, started: int = -START_GRACE_NS) -> None:
         self.started = started
-        self.first_seen: dict[tuple[int, int], int] = {}  # (gpu, pid) of an unmanaged process -> when (ns)
+        self.first_seen: dict[tuple[int, int, int | None], int] = {}  # (gpu, pid, start) unmanaged -> when (ns)
         self.over_since: dict[tuple[int, str], int] = {}  # (gpu, instance) over its limit -> since when (ns)
         self.reported: set[tuple[int, str]] = set()  # breaches already reported (once per stretch over)
         self.kills: Counter[tuple[int, str]] = Counter()  # (gpu, reason) -> processes killed
         self.breaches: Counter[int] = Counter()  # gpu -> breaches past the grace period
         self.last: dict[int, Seen] = {}  # gpu -> the last poll's outcome
-        self.dying: set[tuple[int, int]] = set()  # (gpu, pid) killed and still listed (NVML lags; a zombie)
+        self.dying: set[tuple[int, int, int | None]] = set()  # (gpu, pid, start) killed and still listed (NVML lags)
 
     def observe(self, gpu: int, now: int, procs: Iterable[GpuProcess], settings: GpuSettings,
                 limit: Callable[[str], int | None]) -> Seen:
@@ -110,7 +112,7 @@ class Containment:
         for proc in procs:
             if proc.managed or proc.exempt or mode == "allow":
                 continue
-            key = (gpu, proc.pid)
+            key = (gpu, proc.pid, proc.started)
             here.add(key)
             seen.unmanaged.append(proc)
             if key not in self.first_seen:
@@ -122,10 +124,10 @@ class Containment:
             if mode == "kill" and key not in self.dying:
                 seen.kills.append(Kill(gpu, proc.pid, proc.instance, "unmanaged",
                                        f"pid {proc.pid} ({proc.exe or '?'}, instance {proc.instance}) runs GPU work "
-                                       f"without cgpu on GPU {gpu} (unmanaged = kill)"))
+                                       f"without cgpu on GPU {gpu} (unmanaged = kill)", proc.started))
         for key in [k for k in self.first_seen if k[0] == gpu and k not in here]:
             del self.first_seen[key]
-        listed = {(gpu, p.pid) for p in procs}
+        listed = {(gpu, p.pid, p.started) for p in procs}
         self.dying = {k for k in self.dying if k[0] != gpu or k in listed}
 
     def _memory(self, gpu: int, now: int, procs: list[GpuProcess], settings: GpuSettings,
@@ -136,7 +138,7 @@ class Containment:
             cap = limit(inst)
             if cap is None:
                 continue
-            cap += counts[inst] * settings.memory_allowance
+            cap += context_allowance([p for p in procs if p.instance == inst], settings.memory_allowance)
             key = (gpu, inst)
             if used <= cap:
                 continue
@@ -148,16 +150,16 @@ class Containment:
                 self.reported.add(key)
                 self.breaches[gpu] += 1
                 seen.breaches.append(Breach(gpu, inst, used, cap))
-            waiting = any((gpu, p.pid) in self.dying for p in procs if p.instance == inst)
+            waiting = any((gpu, p.pid, p.started) in self.dying for p in procs if p.instance == inst)
             if MEMORY_ENFORCE[settings.memory_enforce] == "kill" and not waiting:  # as the OOM killer, one at a time
                 big = max((p for p in procs if p.instance == inst and not p.exempt), key=lambda p: p.used,
                           default=None)
                 if big is not None:
                     seen.kills.append(Kill(gpu, big.pid, inst, "memory",
                                            f"instance {inst} on GPU {gpu} uses {used} B, over its limit {cap} B "
-                                           f"(memsize and {counts[inst]} x memory_allowance) for "
+                                           f"(memsize and the context allowance of its {counts[inst]} process(es)) for "
                                            f"{(now - since) // NS_PER_MS} ms: killing its largest process, pid "
-                                           f"{big.pid} ({big.used} B) (memory_enforce = kill)"))
+                                           f"{big.pid} ({big.used} B) (memory_enforce = kill)", big.started))
         for key in [k for k in self.over_since if k[0] == gpu and k not in over]:
             del self.over_since[key]
             self.reported.discard(key)
@@ -165,7 +167,15 @@ class Containment:
     def killed(self, kill: Kill) -> None:
         """``kill`` was carried out (the process got SIGKILL): counted once, and not killed again while listed."""
         self.kills[(kill.gpu, kill.reason)] += 1
-        self.dying.add((kill.gpu, kill.pid))
+        self.dying.add((kill.gpu, kill.pid, kill.started))
+
+
+def context_allowance(procs: list[GpuProcess], allowance: int) -> int:
+    """What an instance whose processes on a GPU are ``procs`` may use beyond its limit for their CUDA contexts:
+    each process counts what it uses up to ``allowance``, and the whole is at most one ``allowance`` per managed
+    process (at least one): processes it starts outside cgpu add no room."""
+    most = max(1, sum(p.managed for p in procs)) * allowance
+    return min(most, sum(min(p.used, allowance) for p in procs))
 
 
 def _memory(procs: list[GpuProcess]) -> dict[str, int]:

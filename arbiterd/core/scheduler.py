@@ -8,18 +8,14 @@ CLOCK_MONOTONIC deadline) and :class:`RevokeLease`. Under the time-sliced polici
 at most one instance holds the lease and all its clients share it; under the
 native policy every client gets a lease of its own at once.
 
-The scheduler keeps the GPU's run queue (model.py) and reaches the policy in
-force only through its hooks (policies/base.py), as Linux's core reaches a
-scheduling class: what an acquire gets, what follows a release, the next step,
-the next timer, what each instance is owed. A time-sliced policy asks the
-high-priority class first and itself second. A lease is billed by the class
-that granted it, for its *useful* time: from grant to release, overrun
-included, less the hand-over it cost (measured per lease and credited up to a
-bound: credit.py, accounting.py). Each instance's own expected hand-over
-lengthens its turns so that they hold their useful time; the GPU's sizes
-``slice_ms = auto``. A native lease (policy 5) runs beside the others and hands
-nothing over, so it is billed what it held and not measured. A holder still
-holding ``overrun_ms`` after its deadline (or a revoke) is cut off, charged up
+The scheduler keeps the GPU's run queue (model.py) and reaches the policy in force only through its hooks
+(policies/base.py), as Linux's core reaches a scheduling class: what an acquire gets, what follows a release, the
+next step, the next timer, what each instance is owed. A time-sliced policy asks the high-priority class first and
+itself second. A lease is billed by the class that granted it, for its *useful* time: from grant to release, overrun
+included, less the hand-over it cost (measured per lease and credited up to a bound: credit.py, accounting.py). Each
+instance's own expected hand-over lengthens its turns so that they hold their useful time; the GPU's sizes
+``slice_ms = auto``. A native lease (policy 5) runs beside the others and hands nothing over, so it is billed what it
+held and not measured. A holder still holding ``overrun_ms`` after its deadline (or a revoke) is cut off, charged up
 to then and counted. A policy switch is switch.py.
 """
 

@@ -56,13 +56,14 @@ class GpuSettings:
                              "line); throttle it (its container frozen outside its turns, as a tenant of its "
                              "weight); or kill it (SIGKILL)", 0, len(UNMANAGED) - 1, "enum", choices=UNMANAGED)
     memory_enforce: int = setting(MEMORY_ENFORCE.index("report"), "an instance whose processes NVML shows using more "
-                                  "than its memsize (plus memory_allowance a process) for memory_grace_ms: report "
+                                  "than its memsize (plus its context allowance) for memory_grace_ms: report "
                                   "it, or kill its largest process", 0, len(MEMORY_ENFORCE) - 1, "enum",
                                   choices=MEMORY_ENFORCE)
     memory_grace_ms: int = setting(1000, "how long an instance may stay over its memory limit before "
                                          "memory_enforce acts (ms)", 0, 3_600_000)
-    memory_allowance: int = setting(512 * 1024**2, "what each process may use beyond its instance's memsize, as "
-                                    "NVML counts it, for its CUDA context", 0, kind="size")
+    memory_allowance: int = setting(512 * 1024**2, "what a process may use beyond its instance's memsize, as NVML "
+                                    "counts it, for its CUDA context; an instance gets at most one per managed process "
+                                    "(at least one)", 0, kind="size")
 
 
 @dataclass(slots=True)

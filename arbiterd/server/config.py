@@ -135,8 +135,8 @@ class Config:
                                 metavar="MS")
     unmanaged_allow: str | None = setting(None, "processes exempt from the unmanaged setting (host daemons, "
                                           "monitoring agents): comma-separated executables of host processes "
-                                          "(/usr/bin/nv-hostengine) or cgroups, each with everything below it "
-                                          "(/system.slice/dcgm.service)",
+                                          "run by root (/usr/bin/nv-hostengine) or cgroups, each with everything "
+                                          "below it (/system.slice/dcgm.service)",
                                           kind="string", expects="absolute paths, separated by commas",
                                           rule=_allow_list, metavar="PATHS")
     gpu: GpuSettings = field(default_factory=GpuSettings)

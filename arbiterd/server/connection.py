@@ -73,6 +73,7 @@ class ClientConnection(asyncio.Protocol):
         sock = self.transport.get_extra_info("socket")
         self.pid, self.uid, _ = peer_credentials(sock)
         hub = self.hub
+        hub.recent.saw(self.pid)  # managed from now, whether or not it is let in (arbiterd/server/watch.py)
         try:
             self.peer = hub.identity.peer(self.pid, self.uid, peer_pidfd(sock))
         except IdentityError as exc:
@@ -203,6 +204,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._backlog = None
+        self.hub.recent.saw(self.pid)
         if self.cid:
             self.hub.detach(self.cid)
 

@@ -167,15 +167,16 @@ class Daemon:
                 peer.fail("bad_request", "idle: register within idle_timeout_s of hello")
 
     def _start_watching(self) -> None:
-        """Poll NVML for work that bypasses cgpu, on real GPUs (simulated ones have no processes to list)."""
+        """Poll NVML for work that bypasses cgpu, on real GPUs (simulated ones have no processes to list). What a
+        daemon before this one left frozen is thawed first, whether or not NVML opens."""
+        record = Path(self.hub.config.run_dir) / "frozen"
+        thaw_left(record)
         if any(g.simulated for g in self.hub.gpus):
             return
         source = open_nvml([g.index for g in self.hub.gpus])
         if source is not None:
             self._source = source
             watcher = self.hub.watch(source)
-            record = Path(self.hub.config.run_dir) / "frozen"
-            thaw_left(record)
             watcher.throttle = Throttle(self.hub, asyncio.get_running_loop(), source.busy, record)
             self._tasks.append(asyncio.create_task(self._watch(watcher)))
 
@@ -221,6 +222,11 @@ class Daemon:
         self.notifier.send("STOPPING=1")
         for server in self._servers:
             server.close()
+        for task in self._tasks:  # the NVML poll first: a poll after the throttle closed would freeze again
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.hub.watcher is not None and self.hub.watcher.throttle is not None:
             self.hub.watcher.throttle.close()  # nothing stays frozen once the daemon is gone
         for peer in list(self.hub.peers.values()):
@@ -229,11 +235,6 @@ class Daemon:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 2.0)
         self.hub.save_state()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         self.hub.stop_timer()
         if self._source is not None:
             self._source.close()

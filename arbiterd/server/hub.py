@@ -40,7 +40,7 @@ from arbiterd.server.intake import Intake
 from arbiterd.server.lograte import LogRate
 from arbiterd.server.nvml import ProcessSource
 from arbiterd.server.persist import StateStore
-from arbiterd.server.watch import Watcher
+from arbiterd.server.watch import Key, RecentClients, Watcher
 
 log = logging.getLogger("arbiterd")
 _K = TypeVar("_K")
@@ -113,6 +113,7 @@ class Hub:
         self._timer_at: int | None = None
         self.containment = Containment(time.monotonic_ns())  # NVML's view of what bypasses cgpu (server/watch.py)
         self.watcher: Watcher | None = None
+        self.recent = RecentClients()  # who connected to arbiter.sock lately: managed, registered or not
 
     # ----------------------------------------------------------- clients
     def admit(self, who: identity.Peer) -> tuple[str, str] | None:
@@ -402,13 +403,22 @@ class Hub:
 
     def watch(self, source: ProcessSource) -> Watcher:
         """Watch the GPUs through ``source`` (NVML): work that bypasses cgpu is seen, charged and stopped."""
-        def limit(gpu: int, inst: str) -> int | None:
+        def limit(gpu: int, inst: str) -> int:
+            """Its record's memsize, else default_memsize, else the whole device (as for a client)."""
             rec = self.arbiter.records.get((gpu, inst))
-            return self.arbiter.mem_limit(rec) if rec is not None else None
+            if rec is not None:
+                return self.arbiter.mem_limit(rec)
+            total, size = self.arbiter.gpus[gpu].total_mem, self.arbiter.globals.default_memsize
+            return min(size, total) if size > 0 else total
 
-        self.watcher = Watcher(source, self.identity, self.containment,
-                               lambda: {p.pid for p in self.peers.values()
-                                        if p.instance is not None and not getattr(p, "proxy", False)}, limit,
+        def managed(now: int) -> dict[Key, str | None]:
+            """The managed processes: each registered client with its instance, then the recent connections."""
+            out: dict[Key, str | None] = dict.fromkeys(self.recent.keys(now))
+            out.update({(p.pid, p.peer.started): p.instance for p in self.peers.values()
+                        if p.instance is not None and not getattr(p, "proxy", False)})
+            return out
+
+        self.watcher = Watcher(source, self.identity, self.containment, managed, limit,
                                lambda gpu: self.arbiter.scheds[gpu].settings, lambda: self.config.unmanaged_allow)
         return self.watcher
 

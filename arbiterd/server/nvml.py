@@ -33,8 +33,9 @@ class ProcessSource(Protocol):
         """The GPU's utilization (%) over NVML's last sample period; None when it cannot be read."""
         ...
 
-    def busy(self, gpu: int) -> dict[int, int]:
-        """pid -> SM utilization (%) over the samples since the last call, for the processes NVML sampled."""
+    def busy(self, gpu: int) -> dict[int, list[tuple[int, int]]]:
+        """pid -> its samples since the last call, each (time stamp in us since the epoch, SM utilization %), for
+        the processes NVML sampled."""
         ...
 
     def close(self) -> None: ...
@@ -70,18 +71,18 @@ class Nvml:
             self._failed(gpu, "utilization", exc)
             return None
 
-    def busy(self, gpu: int) -> dict[int, int]:
+    def busy(self, gpu: int) -> dict[int, list[tuple[int, int]]]:
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(self.handles[gpu], self.seen_us.get(gpu, 0))
         except pynvml.NVMLError as exc:
             if getattr(exc, "value", None) != NOT_FOUND:  # NOT_FOUND: no process sampled since the time stamp
                 self._failed(gpu, "process utilization", exc)
             return {}
-        out: dict[int, list[int]] = {}
+        out: dict[int, list[tuple[int, int]]] = {}
         for s in samples:
-            out.setdefault(int(s.pid), []).append(int(s.smUtil))
+            out.setdefault(int(s.pid), []).append((int(s.timeStamp), int(s.smUtil)))
             self.seen_us[gpu] = max(self.seen_us.get(gpu, 0), int(s.timeStamp))
-        return {pid: sum(v) // len(v) for pid, v in out.items()}
+        return out
 
     def _failed(self, gpu: int, what: str, exc: Exception) -> None:
         if (gpu, what) not in self.failed:

@@ -203,7 +203,7 @@ def add_containment(gs: GpuStatus, c: Containment, now: int, utilization: int | 
     seen = c.last.get(gs.index)
     if seen is not None:
         gs.unmanaged_processes = [UnmanagedStatus(p.pid, p.instance, p.container, p.exe, p.used,
-                                        round((now - c.first_seen.get((gs.index, p.pid), now)) / 1e9, 3),
+                                        round((now - c.first_seen.get((gs.index, p.pid, p.started), now)) / 1e9, 3),
                                         p.pid in throttled) for p in seen.unmanaged]
         gs.nvml_memory = dict(seen.memory)
     gs.utilization_pct = utilization

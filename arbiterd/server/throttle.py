@@ -37,6 +37,8 @@ from arbiterd.core.errors import CoreError
 from arbiterd.server import identity
 from arbiterd.server.cgroups import CgroupFs, outermost_container
 
+Samples = dict[int, list[tuple[int, int]]]  # pid -> (time stamp us since the epoch, SM %), as ProcessSource.busy
+
 log = logging.getLogger("arbiterd.containment")
 _IDS = itertools.count(1)
 
@@ -75,12 +77,54 @@ def set_frozen(path: Path, frozen: bool) -> int:
     return time.monotonic_ns() - t0
 
 
+class Freezer:
+    """One container cgroup's freezer, shared by the proxies (one per GPU) that throttle it: thawed only while every
+    one of them holds a turn, thawed for good when the last leaves. It keeps when it was frozen (monotonic ns), for
+    the billing of what ran while frozen."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.turns: dict[int, bool] = {}  # a proxy's cid -> whether it holds a turn now
+        self.frozen = False
+        self.stretches: list[list[int]] = []  # [since, until] frozen (until 0: still frozen), oldest first
+
+    def set(self, cid: int, turn: bool) -> int:
+        """Proxy ``cid`` holds a turn (or not); what the write took (ns, 0: none needed), -1 where it failed."""
+        self.turns[cid] = turn
+        return self._apply(not all(self.turns.values()))
+
+    def leave(self, cid: int) -> int:
+        self.turns.pop(cid, None)
+        return self._apply(bool(self.turns) and not all(self.turns.values()))
+
+    def _apply(self, frozen: bool) -> int:
+        if frozen == self.frozen:
+            return 0
+        took = set_frozen(self.path, frozen)
+        if took < 0 and frozen:
+            set_frozen(self.path, False)  # a v2 write may fail half-way: never left frozen unknown
+            return took
+        now = time.monotonic_ns()
+        if frozen:
+            self.stretches.append([now, 0])
+        elif self.stretches:
+            self.stretches[-1][1] = now
+        self.frozen = frozen
+        return took
+
+    def frozen_within(self, since: int, until: int) -> list[tuple[int, int]]:
+        """The stretches frozen between ``since`` and ``until`` (ns); older ones are forgotten."""
+        self.stretches = [st for st in self.stretches if st[1] == 0 or st[1] > since]
+        return [(max(a, since), min(b or until, until)) for a, b in self.stretches
+                if a < until and (b or until) > since]
+
+
 class Proxy:
     """A client of the hub that stands for an offender's container: its turns thaw it, the rest freeze it."""
 
     proxy = True  # not a managed process: the hub's list of managed pids leaves it out
 
-    def __init__(self, hub: Any, gpu: int, who: identity.Peer, freezer: Path,
+    def __init__(self, hub: Any, gpu: int, who: identity.Peer, freezer: Freezer,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.hub, self.gpu, self.peer, self.freezer, self.loop = hub, gpu, who, freezer, loop
         self.pid, self.uid = who.pid, who.uid
@@ -91,10 +135,11 @@ class Proxy:
         self.timer: asyncio.TimerHandle | None = None
         self.frozen_since: int | None = None
         self.closed = False
-        if set_frozen(freezer, True) < 0:
-            raise OSError(f"cannot freeze {freezer.parent}")
-        self.frozen_since = time.monotonic_ns()
         self.cid = hub.attach(self)
+        if freezer.set(self.cid, False) < 0:
+            self.close()
+            raise OSError(f"cannot freeze {freezer.path.parent}")
+        self.frozen_since = time.monotonic_ns()
 
     def start(self) -> None:
         """Register as the container's instance and ask for the GPU (raises CoreError when refused)."""
@@ -116,7 +161,7 @@ class Proxy:
             self.granted_at, self.cost_ns = time.monotonic_ns(), 0
         self.lease = msg.lease
         if self.frozen_since is not None:
-            self.cost_ns += max(0, set_frozen(self.freezer, False))
+            self.cost_ns += max(0, self.freezer.set(self.cid, True))
             self.frozen_since = None
         self.timer = self.loop.call_at(msg.deadline_ns / 1e9, self._turn_over)
 
@@ -131,7 +176,7 @@ class Proxy:
             self.timer = None
         lease, shared = self.lease, self._shared(self.lease)
         if not shared:
-            self.cost_ns += max(0, set_frozen(self.freezer, True))
+            self.cost_ns += max(0, self.freezer.set(self.cid, False))
             self.frozen_since = time.monotonic_ns()  # before the release, which may grant the next turn at once
         now = time.monotonic_ns()
         self.lease = None
@@ -153,7 +198,7 @@ class Proxy:
         if self._shared(lease) and time.monotonic_ns() < until:
             self.timer = self.loop.call_later(0.001, self._freeze_after, lease, until)
             return
-        set_frozen(self.freezer, True)
+        self.freezer.set(self.cid, False)
         self.frozen_since = time.monotonic_ns()
 
     def close(self) -> None:
@@ -163,7 +208,7 @@ class Proxy:
         self.closed = True
         if self.timer is not None:
             self.timer.cancel()
-        set_frozen(self.freezer, False)
+        self.freezer.leave(self.cid)
         self.hub.detach(self.cid)
 
 
@@ -185,7 +230,7 @@ class Throttle:
     """The proxies of the offenders' containers, per GPU, kept in step with what NVML shows; ``record``: where the
     freezer files of the containers it throttles are listed, so that the next daemon thaws them if this one dies."""
 
-    def __init__(self, hub: Any, loop: asyncio.AbstractEventLoop, busy: Callable[[int], dict[int, int]],
+    def __init__(self, hub: Any, loop: asyncio.AbstractEventLoop, busy: Callable[[int], Samples],
                  record: Path | None = None) -> None:
         self.hub, self.loop, self.busy, self.record = hub, loop, busy, record
         self.proxies: dict[tuple[int, str], Proxy] = {}  # (gpu, container id) -> its proxy
@@ -193,6 +238,7 @@ class Throttle:
         self.told: set[tuple[int, int]] = set()  # (gpu, pid) of host processes already logged
         self.failed: set[tuple[int, str]] = set()  # (gpu, container) that could not be frozen: reported only
         self.charged_ns: dict[int, int] = {}  # gpu -> GPU time billed for work that ran while frozen
+        self.freezers: dict[Path, Freezer] = {}  # one per container cgroup, shared by its proxies on every GPU
         self.last_poll: dict[int, int] = {}
 
     def throttled(self, gpu: int) -> set[int]:
@@ -216,6 +262,7 @@ class Throttle:
         for key in gone:
             self.proxies.pop(key).close()
             self.pids.pop(key, None)
+        self.freezers = {path: f for path, f in self.freezers.items() if f.turns}
         new = [c for c in want if (gpu, c) not in self.proxies]
         self.failed = {k for k in self.failed if k[0] != gpu or k[1] in want}
         for container, procs in want.items():
@@ -225,10 +272,12 @@ class Throttle:
         if gone or new:
             self._write_record()
 
-    def _write_record(self) -> None:
+    def _write_record(self, also: Path | None = None) -> None:
+        """List the freezer files of the proxies, and ``also`` (one about to be frozen), in the record."""
         if self.record is None:
             return
-        text = "".join(f"{p.freezer}\n" for p in self.proxies.values())
+        paths = [p.freezer.path for p in self.proxies.values()] + ([also] if also is not None else [])
+        text = "".join(f"{path}\n" for path in dict.fromkeys(paths))
         try:
             tmp = self.record.with_suffix(".tmp")
             tmp.write_text(text)
@@ -244,18 +293,23 @@ class Throttle:
             log.error("GPU %d: container %s (pid %d): no freezer cgroup found; it is reported, not throttled",
                       gpu, container[:12], proc.pid)
             return
-        who = identity.Peer(proc.pid, 0, container, None, identity.start_time(proc.pid))
+        started = identity.start_time(proc.pid)
+        if (proc.started is not None and started != proc.started) or container not in str(freezer.parent):
+            return  # its pid went to another process, or it moved, since NVML's poll: the next poll tells
+        who = identity.Peer(proc.pid, 0, container, None, started)
+        self._write_record(also=freezer)  # before the freeze: a daemon killed now leaves it listed, to be thawed
         try:
-            proxy = Proxy(self.hub, gpu, who, freezer, self.loop)
+            proxy = Proxy(self.hub, gpu, who, self.freezers.setdefault(freezer, Freezer(freezer)), self.loop)
         except OSError:  # logged by set_frozen; tried again only once its offender is gone and back
             self.failed.add((gpu, container))
             return
         try:
             proxy.start()
-        except CoreError as exc:
+        except Exception as exc:  # refused (CoreError) or anything else: never left frozen and unlisted
             log.error("GPU %d: container %s cannot be scheduled as a tenant (%s); it is reported, not throttled",
                       gpu, container[:12], exc)
             proxy.close()
+            self.failed.add((gpu, container))
             return
         self.proxies[(gpu, container)] = proxy
         log.warning("GPU %d: throttling container %s (pid %d) as instance %s: frozen outside its turns", gpu,
@@ -268,12 +322,17 @@ class Throttle:
         busy = self.busy(gpu)
         if since is None:
             return
+        wall = time.time_ns() - time.monotonic_ns()  # NVML stamps its samples in us since the epoch
         for key, proxy in self.proxies.items():
-            if key[0] != gpu or proxy.frozen_since is None or proxy.instance is None:
+            if key[0] != gpu or proxy.instance is None:
                 continue
-            frozen_for = now - max(since, proxy.frozen_since)
-            pct = min(100, sum(busy.get(pid, 0) for pid in self.pids.get(key, ())))
-            ns = frozen_for * pct // 100
+            stretches = proxy.freezer.frozen_within(since, now)
+            frozen_for = sum(b - a for a, b in stretches)
+            pct = 0
+            for pid in self.pids.get(key, ()):
+                within = [sm for us, sm in busy.get(pid, ()) if any(a <= us * 1000 - wall <= b for a, b in stretches)]
+                pct += sum(within) // len(within) if within else 0
+            ns = frozen_for * min(100, pct) // 100
             if ns > 0:
                 self.hub.arbiter.charge_outside(gpu, proxy.instance, ns)
                 self.charged_ns[gpu] = self.charged_ns.get(gpu, 0) + ns
@@ -282,6 +341,7 @@ class Throttle:
         for proxy in self.proxies.values():
             proxy.close()
         self.proxies.clear()
+        self.freezers.clear()
         self.pids.clear()
         if self.record is not None:
             self.record.unlink(missing_ok=True)

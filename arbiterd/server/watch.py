@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiterd.core.containment import HOST, Containment, GpuProcess, Kill
+from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.errors import CoreError, IdentityError
 from arbiterd.core.settings import UNMANAGED
 from arbiterd.server.identity import IdentityResolver, host_instance, start_time
@@ -34,35 +35,74 @@ def allow_list(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip().rstrip("/") or "/" for p in (text or "").split(",") if p.strip())
 
 
-def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container: bool) -> bool:
+def exempt(entries: tuple[str, ...], exe: str, cgroups: list[str], in_container: bool, root_run: bool = False) -> bool:
     """Whether a process whose executable is ``exe`` and whose cgroup paths are ``cgroups`` is allowed. An
-    executable counts for host processes only: a container may ship any path (the host reads a container's
-    executable as the container names it)."""
-    return any((exe == e and not in_container) or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups)
+    executable counts for a host process run by root from a root-owned file no one else may write (``root_run``)
+    only: a container may ship any path (the host reads a container's executable as the container names it), and
+    any user may run a system binary with LD_PRELOAD."""
+    by_exe = root_run and not in_container
+    return any((exe == e and by_exe) or e == "/" or any(c == e or c.startswith(e + "/") for c in cgroups)
                for e in entries)
+
+
+def root_run(base: Path) -> bool:
+    """Whether the process at ``base`` (/proc/<pid>) runs as root, from a root-owned executable that neither its
+    group nor others may write."""
+    try:
+        proc, exe = os.stat(base), os.stat(base / "exe")
+    except OSError:
+        return False
+    return proc.st_uid == 0 and exe.st_uid == 0 and not exe.st_mode & 0o022
+
+
+CLIENT_GRACE_NS = 30 * NS_PER_S  # a process that connected to arbiter.sock this lately counts as managed
+
+Key = tuple[int, "int | None"]  # a process: its pid and its start time (boot ticks), told from a later user of the pid
+
+
+class RecentClients:
+    """The processes that connected to arbiter.sock in the last ``CLIENT_GRACE_NS``: registered, refused or closed.
+
+    The shim connects at its first launch, allocation or memory query, after its CUDA context exists; a client the
+    daemon refused keeps its context and retries. Either is a client of cgpu, not work that bypasses it."""
+
+    def __init__(self) -> None:
+        self.seen: dict[Key, int] = {}  # (pid, start time) -> when it last connected or closed (ns)
+
+    def saw(self, pid: int, now: int | None = None) -> None:
+        """Process ``pid`` connected, or its connection closed, at ``now``."""
+        if pid > 0:
+            self.seen[(pid, start_time(pid))] = time.monotonic_ns() if now is None else now
+
+    def keys(self, now: int) -> set[Key]:
+        """The processes seen within the grace window before ``now`` (older ones are forgotten)."""
+        for key in [k for k, t in self.seen.items() if now - t > CLIENT_GRACE_NS]:
+            del self.seen[key]
+        return set(self.seen)
 
 
 class Watcher:
     """Polls one :class:`ProcessSource` for the hub's GPUs."""
 
     def __init__(self, source: ProcessSource, resolver: IdentityResolver, containment: Containment,
-                 managed: Callable[[], set[int]], limit: Callable[[int, str], int | None],
+                 managed: Callable[[int], dict[Key, str | None]], limit: Callable[[int, str], int | None],
                  settings: Callable[[int], Any], allow: Callable[[], str | None]) -> None:
         self.source = source
         self.resolver = resolver
         self.containment = containment
-        self.managed = managed  # the pids of the connected, registered clients
-        self.limit = limit  # (gpu, instance) -> its memory limit, if it has a record
+        self.managed = managed  # now -> (pid, start time) -> instance, of the registered clients and RecentClients
+        self.limit = limit  # (gpu, instance) -> its memory limit (its memsize, default_memsize, or the device)
         self.settings = settings  # gpu -> its GpuSettings
         self.allow = allow
         self.proc = resolver.proc_root
         self.utilization: dict[int, int | None] = {}
         self.throttle: Any = None  # the throttle (arbiterd/server/throttle.py), where one runs
         self.cannot: set[tuple[int, int]] = set()  # (gpu, pid) a kill failed for, logged once
+        self.in_host_ns: bool | None = None  # whether arbiterd sees the host's pids (told at the first action)
 
     def poll(self, gpus: list[int], now: int | None = None) -> None:
         now = time.monotonic_ns() if now is None else now
-        managed = self.managed()
+        managed = self.managed(now)
         entries = allow_list(self.allow())
         for gpu in gpus:
             procs = [self.describe(pid, used, managed, entries) for pid, used in self.source.processes(gpu).items()]
@@ -77,14 +117,14 @@ class Watcher:
             for k in seen.kills:
                 self.kill(k)
             if self.throttle is not None:
-                throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle"
+                throttling = UNMANAGED[self.settings(gpu).unmanaged] == "throttle" and self.host_pids()
                 self.throttle.poll(gpu, now, seen.actionable, throttling)
 
     def throttled(self, gpu: int) -> set[int]:
         """The pids the throttle holds frozen outside their turns on GPU ``gpu``."""
         return self.throttle.throttled(gpu) if self.throttle is not None else set()
 
-    def describe(self, pid: int, used: int, managed: set[int], entries: tuple[str, ...]) -> GpuProcess:
+    def describe(self, pid: int, used: int, managed: dict[Key, str | None], entries: tuple[str, ...]) -> GpuProcess:
         """Process ``pid`` as the core sees it: its instance, managed or not, exempt or not."""
         base = self.proc / str(pid)
         exe = ""
@@ -102,22 +142,63 @@ class Watcher:
                 instance = host_instance(uid) if container is None else instance
         except (OSError, IdentityError):
             pass  # it exited, or its cgroup cannot be read: HOST
-        allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None)
-        return GpuProcess(pid, used, instance, pid in managed, allowed, container, exe)
+        allowed = bool(entries) and exempt(entries, exe, cgroups, container is not None, root_run(base))
+        started = start_time(pid)
+        client = managed.get((pid, started))  # a registered client's instance is its connection's, as it registered
+        return GpuProcess(pid, used, client or instance, (pid, started) in managed, allowed, container, exe, started)
 
     def kill(self, k: Kill) -> None:
+        """SIGKILL through a pidfd of the process, once its start time still says it is the one meant; never the
+        daemon itself, and nothing outside the host's pid namespace (NVML's pids are the host's)."""
+        if k.pid == os.getpid() or not self.host_pids():
+            return
         try:
-            os.kill(k.pid, signal.SIGKILL)
+            fd = os.pidfd_open(k.pid)
         except ProcessLookupError:
             return
         except OSError as exc:
-            if (k.gpu, k.pid) not in self.cannot:  # once a process: it is tried again at every poll
-                self.cannot.add((k.gpu, k.pid))
-                log.error("GPU %d: cannot kill pid %d: %s (arbiterd needs CAP_KILL for other users' processes)",
-                          k.gpu, k.pid, exc.strerror)
+            self._cannot(k, exc)
             return
+        try:
+            if k.started is None or start_time(k.pid) != k.started:
+                return  # it exited and its pid went to another process
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError as exc:
+            self._cannot(k, exc)
+            return
+        finally:
+            os.close(fd)
         self.containment.killed(k)
         log.warning("GPU %d: killed pid %d: %s", k.gpu, k.pid, k.why)
+
+    def host_pids(self) -> bool:
+        """Whether the daemon runs in the host's pid namespace (logged once where it does not: it reports only)."""
+        if self.in_host_ns is None:
+            self.in_host_ns = _host_pid_namespace()
+            if not self.in_host_ns:
+                log.error("arbiterd is not in the host's pid namespace: NVML's pids are not its own, so nothing is "
+                          "killed or throttled (unmanaged and memory_enforce act as report); run it with hostPID")
+        return self.in_host_ns
+
+    def _cannot(self, k: Kill, exc: OSError) -> None:
+        if (k.gpu, k.pid) not in self.cannot:  # once a process: it is tried again at every poll
+            self.cannot.add((k.gpu, k.pid))
+            log.error("GPU %d: cannot kill pid %d: %s (arbiterd needs CAP_KILL for other users' processes)",
+                      k.gpu, k.pid, exc.strerror)
+
+
+HOST_PID_NS = 4026531836  # the inode of the initial pid namespace (PROC_PID_INIT_INO)
+
+
+def _host_pid_namespace() -> bool:
+    """Whether this process is in the host's (the initial) pid namespace. Pid 1's namespace is no test: in a
+    container, pid 1 is the container's own init."""
+    try:
+        return os.readlink("/proc/self/ns/pid") == f"pid:[{HOST_PID_NS}]"
+    except OSError:
+        return False
 
 
 def _cgroup_paths(base: Path) -> list[str]:

@@ -36,7 +36,7 @@ def test_an_unmanaged_process_is_new_once_and_listed_while_it_runs() -> None:
     assert [p.pid for p in first.new] == [10] and [p.pid for p in first.unmanaged] == [10] and not first.kills
     second = c.observe(0, 500 * NS_PER_MS, procs, gpu(), no_limit)
     assert second.new == [] and [p.pid for p in second.unmanaged] == [10]
-    assert c.first_seen == {(0, 10): 0}
+    assert c.first_seen == {(0, 10, None): 0}
     c.observe(0, NS_PER_MS * 1000, [], gpu(), no_limit)
     assert c.first_seen == {}
     assert c.observe(0, 0, procs, gpu("allow"), no_limit).unmanaged == []
@@ -58,15 +58,19 @@ def test_an_instance_over_its_limit_past_the_grace_loses_its_largest_process_or_
     procs = [GpuProcess(1, 700 * MIB, "a", managed=True), GpuProcess(2, 600 * MIB, "a"), GpuProcess(3, 5000 * MIB, "b")]
     for mode in ("report", "kill"):
         c = Containment()
-        assert c.observe(0, 0, procs, gpu(memory_enforce=mode), limit).breaches == []  # 1300 > 1000 + 2 x 100 MiB
+        assert c.observe(0, 0, procs, gpu(memory_enforce=mode), limit).breaches == []  # 1300 > 1000 + 1 x 100 MiB
         assert c.observe(0, 999 * NS_PER_MS, procs, gpu(memory_enforce=mode), limit).kills == []  # within the grace
         seen = c.observe(0, 1000 * NS_PER_MS, procs, gpu(memory_enforce=mode), limit)
-        assert [(b.instance, b.used, b.limit) for b in seen.breaches] == [("a", 1300 * MIB, 1200 * MIB)]
+        assert [(b.instance, b.used, b.limit) for b in seen.breaches] == [("a", 1300 * MIB, 1100 * MIB)]
         assert [k.pid for k in seen.kills] == ([1] if mode == "kill" else [])
         assert c.breaches[0] == 1
-    within = [GpuProcess(1, 700 * MIB, "a"), GpuProcess(2, 600 * MIB, "a"), GpuProcess(4, 0, "a")]
-    c = Containment()  # a third process brings its own context's allowance: 1300 <= 1000 + 3 x 100 MiB
+    within = [GpuProcess(1, 650 * MIB, "a", managed=True), GpuProcess(2, 550 * MIB, "a", managed=True),
+              GpuProcess(4, 0, "a")]
+    c = Containment()  # two managed processes, two allowances: 1200 <= 1000 + 2 x 100 MiB
     assert c.observe(0, 0, within, gpu(memory_enforce="kill", grace_ms=0), limit).kills == []
+    spawned = [*within, GpuProcess(5, 100 * MIB, "a")]  # one more outside cgpu brings no allowance of its own
+    seen = Containment().observe(0, 0, spawned, gpu(memory_enforce="kill", grace_ms=0), limit)
+    assert [(b.used, b.limit) for b in seen.breaches] == [(1300 * MIB, 1200 * MIB)]
 
 
 def test_the_oom_kill_waits_for_its_victim_and_a_stretch_under_the_limit_starts_the_grace_again() -> None:
@@ -113,3 +117,13 @@ def test_time_charged_outside_the_leases_comes_off_the_offenders_turns_so_its_sh
     a, b = sched.held_ns("a", now) - a0, sched.held_ns("b", now) - b0
     assert extra > 0 and abs(100 * b / (a + b) - 50) <= 1.0, (a, b, extra)
     assert 100 * (b - extra) / (a + b - extra) < 45  # its leases alone: less than half, by what it ran outside
+
+
+def test_a_new_process_with_a_known_pid_is_tracked_anew() -> None:
+    """Tracking is by pid and start time: a process that took an exited one's pid starts its own two polls."""
+    c, s, t = Containment(started=0), gpu("kill"), START_GRACE_NS
+    c.observe(0, t, [GpuProcess(10, MIB, "abc", started=100)], s, no_limit)
+    seen = c.observe(0, t + 1, [GpuProcess(10, MIB, "abc", started=200)], s, no_limit)
+    assert seen.kills == [] and [p.started for p in seen.new] == [200]
+    seen = c.observe(0, t + 2, [GpuProcess(10, MIB, "abc", started=200)], s, no_limit)
+    assert [(k.pid, k.started) for k in seen.kills] == [(10, 200)]

@@ -109,7 +109,10 @@ def test_the_allow_list_exempts_by_executable_or_cgroup(daemon_factory: Any, nvm
         d.echo("kill", "0/unmanaged")
         nvml.run(sleeper.pid, 300 * MIB)
         time.sleep(3 * POLL_MS / 1000)
-        assert gpu0(d)["unmanaged_processes"] == [] and sleeper.poll() is None
+        if allow == exe and os.geteuid() != 0:  # an executable exempts root's processes only
+            assert [u["pid"] for u in gpu0(d)["unmanaged_processes"]] == [sleeper.pid]
+        else:
+            assert gpu0(d)["unmanaged_processes"] == [] and sleeper.poll() is None
         assert gpu0(d)["nvml_memory"] == {ME: 300 * MIB}  # still counted against its instance's memory
         d.stop()
     conf = nvml.path.with_name("bad.toml")
@@ -154,7 +157,7 @@ def test_an_instance_over_its_memory_limit_is_killed_under_kill_and_left_alone_u
         small, big = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
         try:
             nvml.run(small.pid, 400 * MIB)
-            nvml.run(big.pid, 2000 * MIB)  # 2400 MiB > 1 GiB + 2 x 512 MiB (the context allowance)
+            nvml.run(big.pid, 2000 * MIB)  # 2400 MiB > 1 GiB + 512 MiB (one context allowance: neither is managed)
             t0 = time.monotonic()
             if mode == "kill":
                 wait_for(lambda p=big: p.poll() is not None)  # type: ignore[misc]
@@ -166,7 +169,7 @@ def test_an_instance_over_its_memory_limit_is_killed_under_kill_and_left_alone_u
                 wait_for(lambda: gpu0(d)["memory_breaches"] == 1)
                 time.sleep(0.5)
                 assert big.poll() is None and small.poll() is None and gpu0(d)["memory_kills"] == 0
-                assert f"instance {ME} uses 2400 MiB, over its limit of 2048 MiB" in d.read_log()
+                assert f"instance {ME} uses 2400 MiB, over its limit of 1536 MiB" in d.read_log()
         finally:
             for p in (small, big):
                 p.kill()
@@ -195,3 +198,25 @@ def test_an_executable_on_the_allow_list_exempts_no_container(daemon_factory: An
         p.kill()
         p.wait()
         containers.cleanup()
+
+
+def test_a_process_that_connected_to_arbiter_sock_lately_is_managed_registered_or_not(
+        daemon_factory: Any, nvml: FakeNvml, sleeper: subprocess.Popen[bytes]) -> None:
+    """The shim connects at its first launch or allocation, after its context exists, and a refused client keeps
+    its context: a process that connected within CLIENT_GRACE_NS is not killed; one that never connected is."""
+    d = start(daemon_factory, nvml, "--unmanaged", "kill")
+    client = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                               "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.close()\n"
+                               "print('closed', flush=True); time.sleep(60)\n", d.sock], stdout=subprocess.PIPE)
+    try:
+        assert client.stdout is not None and client.stdout.readline() == b"closed\n"
+        wait_for(lambda: d.status()["uptime_seconds"] > START_GRACE_NS / 1e9, timeout=10)
+        nvml.run(client.pid, 300 * MIB)
+        nvml.run(sleeper.pid, 300 * MIB)
+        wait_for(lambda: sleeper.poll() is not None)  # the one that never connected
+        time.sleep(5 * POLL_MS / 1000)
+        assert client.poll() is None
+        assert client.pid not in [u["pid"] for u in gpu0(d)["unmanaged_processes"]]
+    finally:
+        client.kill()
+        client.wait()

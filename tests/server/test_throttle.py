@@ -20,7 +20,7 @@ import pytest
 from arbiterd.core.settings import InstanceSettings
 from arbiterd.server.cgroups import CgroupFs
 from arbiterd.server.hub import Hub
-from arbiterd.server.throttle import Throttle, freezer_of, set_frozen
+from arbiterd.server.throttle import Freezer, Throttle, freezer_of, set_frozen
 from cgpu_testing.containers import Containers
 
 MS = 1_000_000
@@ -83,7 +83,8 @@ def test_the_container_is_thawed_when_its_offender_is_gone_or_the_setting_change
         d.stop(signal.SIGKILL)  # one that dies leaves it frozen or thawed, as it was ...
         nvml.gone(offender.pid)
         d.start()  # ... and the next one thaws it
-        assert _thawed(state) and "left frozen by a daemon that stopped" in d.read_log()
+        assert _until(lambda: "left frozen by a daemon that stopped" in d.read_log(), 5.0)  # after the sockets
+        assert _thawed(state)
     finally:
         offender.kill()
         offender.wait()
@@ -110,21 +111,53 @@ def _thawed(path: Path) -> bool:
     return False
 
 
-def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub) -> None:
-    """NVML says the frozen offender's process kept the GPU 40 % busy for 100 ms: 40 ms go on its instance's bill."""
+def test_what_a_frozen_offender_ran_is_billed_to_its_instance(hub: Hub, tmp_path: Path) -> None:
+    """Between two polls 100 ms apart the container was frozen 1000-1030 and 1060-1080 ms, thawed in its turns
+    between: NVML's samples stamped while frozen say 40 %, the one stamped in its turn 100 %. 40 % of the 50 ms frozen,
+    20 ms, goes on its instance's bill; what ran in its turn is its lease's."""
     hub.arbiter.provision("c0ffee", [0], InstanceSettings(), 0)
-    throttle = Throttle(hub, None, lambda gpu: {4242: 40})  # type: ignore[arg-type]
-    proxy = SimpleNamespace(frozen_since=0, instance="c0ffee", close=lambda: None)
+    wall = time.time_ns() - time.monotonic_ns()
+
+    def us(ms: int) -> int:
+        return (ms * MS + wall) // 1000
+
+    samples = {4242: [(us(1010), 40), (us(1045), 100), (us(1070), 40)]}
+    throttle = Throttle(hub, None, lambda gpu: samples)  # type: ignore[arg-type]
+    freezer = Freezer(tmp_path / "freezer.state")
+    freezer.stretches = [[1000 * MS, 1030 * MS], [1060 * MS, 1080 * MS]]
+    proxy = SimpleNamespace(freezer=freezer, instance="c0ffee", close=lambda: None)
     throttle.proxies[(0, "c0ffee" * 10)] = proxy  # type: ignore[assignment]
     throttle.pids[(0, "c0ffee" * 10)] = {4242}
     before = hub.arbiter.scheds[0].held_ns("c0ffee", 0)
     throttle._charge(0, 1000 * MS)
     throttle._charge(0, 1100 * MS)
-    assert hub.arbiter.scheds[0].held_ns("c0ffee", 0) - before == 40 * MS
-    assert throttle.charged_ns[0] == 40 * MS
-    proxy.frozen_since = None  # in its turn: what it runs is its lease's, not billed again
+    assert hub.arbiter.scheds[0].held_ns("c0ffee", 0) - before == 20 * MS
+    assert throttle.charged_ns[0] == 20 * MS
+    samples[4242] = [(us(1150), 100)]  # in its turn (no stretch frozen): what it runs is its lease's
     throttle._charge(0, 1200 * MS)
-    assert throttle.charged_ns[0] == 40 * MS
+    assert throttle.charged_ns[0] == 20 * MS
+
+
+def test_one_freezer_per_container_is_thawed_only_while_every_gpu_s_proxy_holds_a_turn(tmp_path: Path) -> None:
+    """A container throttled on two GPUs has one freezer: a turn on one GPU does not thaw it while the other's proxy
+    is out of turn, and it is thawed for good when the last proxy leaves."""
+    path = tmp_path / "freezer.state"
+    path.write_text("THAWED")
+    f = Freezer(path)
+    f.set(1, False)
+    f.set(2, False)
+    assert path.read_text() == "FROZEN"
+    f.set(1, True)
+    assert path.read_text() == "FROZEN"  # GPU 1's proxy still out of turn
+    f.set(2, True)
+    assert path.read_text() == "THAWED"
+    f.set(1, False)
+    f.leave(1)
+    assert path.read_text() == "THAWED" and f.turns == {2: True}
+    f.set(2, False)
+    assert path.read_text() == "FROZEN"
+    f.leave(2)
+    assert path.read_text() == "THAWED"
 
 
 def test_the_freezer_is_found_on_cgroup_v1_and_v2(tmp_path: Path) -> None:
@@ -174,7 +207,7 @@ def test_a_container_that_cannot_be_frozen_is_reported_with_one_line(hub: Hub, t
 def test_a_managed_client_in_the_throttled_container_gives_its_lease_back_before_the_freeze(short_tmp: Path) -> None:
     """The offender's container also runs a managed client (it shares the instance's lease with the daemon's
     client for the container): the freeze waits for it to give the lease back, so no turn of the container is cut
-    off overrun_ms late, and the host tenant beside it is not made to wait for that."""
+    off overrun_ms late."""
     containers = needs_freezer(short_tmp)
     import subprocess
     import sys
@@ -216,3 +249,65 @@ def test_a_managed_client_in_the_throttled_container_gives_its_lease_back_before
             proc.wait()
         d.stop()
         containers.cleanup()
+
+
+def test_a_daemon_thaws_what_the_one_before_it_left_frozen_without_nvml(short_tmp: Path) -> None:
+    """The record of a daemon that was killed while it throttled is read at start whatever the GPUs: here simulated
+    ones, where no NVML is opened."""
+    containers = needs_freezer(short_tmp)
+    import subprocess
+
+    from cgpu_testing.daemon import DaemonProc
+
+    p = subprocess.Popen(["sleep", "60"])
+    d = DaemonProc(short_tmp / "d", *containers.daemon_args(), "--sim-gpus", "1x1GiB")
+    try:
+        cid = containers.new_id()
+        containers.place(p.pid, cid)
+        path = freezer_of(Path("/proc"), p.pid, CgroupFs(Path("/proc")))
+        assert path is not None and set_frozen(path, True) >= 0
+        d.run_dir.mkdir(parents=True)
+        (d.run_dir / "frozen").write_text(f"{path}\n")
+        d.start()
+        assert _until(lambda: path.read_text().strip() in ("THAWED", "0"), 5.0)
+        assert not (d.run_dir / "frozen").exists()
+    finally:
+        p.kill()
+        if d.running():
+            d.stop()
+        containers.cleanup()  # thaws first: a frozen process dies once thawed
+        p.wait()
+
+
+def test_a_proxy_that_fails_to_start_leaves_nothing_frozen_and_the_freeze_is_recorded_first(
+        hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record lists the container before its first freeze (a daemon killed between the two leaves it to be
+    thawed), and any failure to schedule the proxy, not only a refusal, thaws the container."""
+    from arbiterd.core.containment import GpuProcess
+    from arbiterd.server import throttle as throttle_mod
+    from arbiterd.server.identity import IdentityResolver
+    from cgpu_testing.containers import fake_cgroup
+
+    proc, cid = tmp_path / "proc", "ab" * 32
+    fake_cgroup(proc, 301, f"6:freezer:/docker/{cid}")
+    state = next((tmp_path / "proc-cgroupfs").rglob(cid)) / "freezer.state"
+    state.write_text("THAWED")
+    hub.identity = IdentityResolver("cgroup", str(proc))
+    record = tmp_path / "frozen"
+    at_freeze: list[str] = []
+    real = throttle_mod.set_frozen
+
+    def spy(path: Path, frozen: bool) -> int:
+        if frozen:
+            at_freeze.append(record.read_text() if record.exists() else "")
+        return real(path, frozen)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(throttle_mod, "set_frozen", spy)
+    monkeypatch.setattr(hub, "serve", broken)
+    throttle = Throttle(hub, None, lambda gpu: {}, record)  # type: ignore[arg-type]
+    throttle.poll(0, 0, [GpuProcess(301, 1, cid[:12], container=cid)], True)
+    assert at_freeze == [f"{state}\n"]
+    assert state.read_text() == "THAWED" and throttle.proxies == {} and hub.peers == {}
