@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Protocol
 
 from arbiterd.cli.entry import configure
 from arbiterd.cli.flags import add_config_flags, add_setting_flags, overrides
@@ -33,7 +34,18 @@ def main(argv: list[str] | None = None) -> int:
         return cfg
     from cgpu_device_plugin.plugin import Plugin  # grpc is imported only when the plugin really runs
 
-    log = logging.getLogger("cgpu_device_plugin")
+    return serve(Plugin(cfg), logging.getLogger("cgpu_device_plugin"))
+
+
+class Servable(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def serve(plugin: Servable, log: logging.Logger) -> int:
+    """Start ``plugin`` and serve until SIGTERM or SIGINT (a second one exits at once), then stop it; the exit
+    code (1 when it could not start). The DRA plugin's command serves the same way."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -45,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    plugin = Plugin(cfg)
     try:
         plugin.start()
     except OSError as exc:
@@ -57,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         plugin.stop()
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

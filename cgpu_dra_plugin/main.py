@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from dataclasses import fields
-from types import FrameType
 
+from cgpu_device_plugin.main import serve
 from cgpu_dra_plugin import DRIVER, __version__
 from cgpu_dra_plugin.config import Config
 
@@ -64,30 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config)})
     from cgpu_dra_plugin.plugin import Plugin  # grpc and kubernetes are imported only when the plugin runs
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            log.warning("second signal: exiting at once")
-            raise SystemExit(1)
-        log.info("%s: shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    plugin = Plugin(cfg)
-    try:
-        plugin.start()
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
-        return 1
-    try:
-        while not stop.wait(3600):
-            pass
-    finally:
-        plugin.stop()
-    return 0
-
+    return serve(Plugin(cfg), log)
 
 if __name__ == "__main__":
     sys.exit(main())

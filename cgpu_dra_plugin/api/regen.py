@@ -2,74 +2,30 @@
 
     python -m cgpu_dra_plugin.api.regen [--check]
 
-Runs grpcio-tools' bundled protoc with the repository root as the include path, so the
-generated ``*_pb2_grpc.py`` import their messages by absolute package path. ``--check``
-writes into a temporary directory and exits 1 if any committed file differs (a test runs it).
+The device plugin's regen (cgpu_device_plugin/api/regen.py) over these files: protoc with the repository root
+as the include path, so the generated ``*_pb2_grpc.py`` import their messages by absolute package path.
+``--check`` writes into a temporary directory and exits 1 if any committed file differs (a test runs it).
 """
 
 from __future__ import annotations
 
-import argparse
-import filecmp
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from cgpu_device_plugin.api import regen
+
 API = Path(__file__).resolve().parent
-ROOT = API.parent.parent  # the directory holding the cgpu_dra_plugin package
 PROTOS = [API / "dra" / "v1" / "api.proto", API / "dra" / "v1beta1" / "api.proto",
           API / "pluginregistration" / "v1" / "api.proto"]
-SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-
-
-def generated_names(proto: Path) -> list[Path]:
-    """The files protoc writes for ``proto``, relative to the repository root."""
-    rel = proto.relative_to(ROOT)
-    return [rel.with_name(rel.stem + suffix) for suffix in SUFFIXES]
-
-
-def generate(out: Path) -> None:
-    """Write every generated module under ``out`` (laid out like the repository)."""
-    from grpc_tools import protoc  # grpcio-tools: a test/dev dependency, not a runtime one
-
-    for proto in PROTOS:
-        args = ["protoc", f"-I{ROOT}", f"--python_out={out}", f"--pyi_out={out}", f"--grpc_python_out={out}",
-                str(proto.relative_to(ROOT))]
-        if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed on {proto}")
 
 
 def differences() -> list[str]:
     """Generated files whose committed copy differs from a fresh generation."""
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(Path(tmp))
-        bad = []
-        for proto in PROTOS:
-            for rel in generated_names(proto):
-                fresh, committed = Path(tmp) / rel, ROOT / rel
-                if not committed.exists() or not filecmp.cmp(fresh, committed, shallow=False):
-                    bad.append(str(rel))
-        return bad
+    return regen.differences(PROTOS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cgpu_dra_plugin.api.regen", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="compare with the committed files; change nothing")
-    args = parser.parse_args(argv)
-    if args.check:
-        bad = differences()
-        for rel in bad:
-            print(f"{rel}: differs from what protoc generates; run python -m cgpu_dra_plugin.api.regen")
-        return 1 if bad else 0
-    with tempfile.TemporaryDirectory() as tmp:
-        generate(Path(tmp))
-        for proto in PROTOS:
-            for rel in generated_names(proto):
-                shutil.copyfile(Path(tmp) / rel, ROOT / rel)
-                print(f"wrote {rel}")
-    return 0
+    return regen.main(argv, PROTOS, "python -m cgpu_dra_plugin.api.regen", __doc__)
 
 
 if __name__ == "__main__":
