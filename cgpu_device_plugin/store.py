@@ -66,6 +66,31 @@ class Record:
                    float(d["created"]))
 
 
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0600) so that a crash leaves the old file or the new one: a temporary
+    file beside it, written whole and synced, renamed over it, then its directory synced. Raises OSError, with
+    the old file in place. (The DRA plugin's checkpoint is written the same way.)"""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
 class AllocationStore:
     """Records in memory, mirrored to ``state.json`` on every change. Not thread-safe: the allocator locks."""
 
@@ -99,21 +124,8 @@ class AllocationStore:
         self._reindex()
 
     def _save(self) -> None:
-        data = json.dumps({"version": 1, "allocations": {k: r.to_json() for k, r in sorted(self._records.items())}},
-                          indent=1).encode()
-        tmp = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(self.path, json.dumps({"version": 1, "allocations": {
+            k: r.to_json() for k, r in sorted(self._records.items())}}, indent=1).encode())
 
     def _reindex(self) -> None:
         self._owner = {dev: r.alloc_id for r in self._records.values() for dev in r.devices}

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cgpu_device_plugin.store import token_digest
+from cgpu_device_plugin.store import token_digest, write_atomic
 
 log = logging.getLogger("cgpu_dra_plugin.checkpoint")
 ALLOC_ID = re.compile(r"dra-[0-9a-f]{12}")
@@ -104,21 +104,8 @@ class Checkpoint:
         self.claims = {c.uid: c for c in claims}
 
     def _save(self, claims: dict[str, ClaimRecord]) -> None:
-        data = json.dumps({"version": 1, "claims": {k: c.to_json() for k, c in sorted(claims.items())}},
-                          indent=1).encode()
-        tmp = self.path.with_name(f".{CHECKPOINT}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(self.path, json.dumps({"version": 1, "claims": {
+            k: c.to_json() for k, c in sorted(claims.items())}}, indent=1).encode())
 
     def put(self, record: ClaimRecord) -> None:
         """Record ``record`` on disk, then in memory: if the write fails (OSError) nothing changed."""
