@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +37,6 @@ ME = f"uid-{os.geteuid()}"
 @pytest.fixture
 def nvml(short_tmp: Path) -> FakeNvml:
     return FakeNvml(short_tmp / "nvml.ctl")
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen(["sleep", "60"])
-    yield p
-    p.kill()
-    p.wait()
 
 
 def start(factory: Any, nvml: FakeNvml, *args: str, sub: str = "d") -> DaemonProc:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -21,14 +20,6 @@ from arbiterd.server.identity import IdentityResolver, start_time
 def watcher() -> watch.Watcher:
     return watch.Watcher(mock.Mock(), IdentityResolver(), Containment(), lambda now: {}, lambda g, i: None,
                          lambda g: None, lambda: None)
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen(["sleep", "60"])
-    yield p
-    p.kill()
-    p.wait()
 
 
 def test_a_kill_meant_for_an_earlier_process_with_the_pid_is_not_carried_out(sleeper: subprocess.Popen[bytes]) -> None:
