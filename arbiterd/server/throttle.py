@@ -136,15 +136,38 @@ class Proxy:
         self.frozen_since: int | None = None
         self.closed = False
         self.cid = hub.attach(self)
-        if freezer.set(self.cid, False) < 0:
+        # a managed client of the container may hold a lease on this GPU now: frozen, it could not give it back
+        # (the lease would be cut off overrun_ms late), so the freeze waits for it, as at the end of a turn
+        self.held = self._held_in_container(who.container)
+        if self.held is None:
+            took = freezer.set(self.cid, False)
+        else:  # probed with a thaw instead (harmless: no other proxy freezes it yet), frozen once it is given back
+            took = set_frozen(freezer.path, False) if not freezer.turns else 0
+            freezer.set(self.cid, True)
+        if took < 0:
             self.close()
             raise OSError(f"cannot freeze {freezer.path.parent}")
-        self.frozen_since = time.monotonic_ns()
+        if self.held is None:
+            self.frozen_since = time.monotonic_ns()
+
+    def _held_in_container(self, container: str | None) -> int | None:
+        """A lease on this GPU that a managed client in ``container`` holds, if any."""
+        peers = self.hub.peers
+        for lease in self.hub.arbiter.scheds[self.gpu].holders():
+            for cid in lease.clients:
+                peer = peers.get(cid)
+                if cid != self.cid and peer is not None and peer.peer.container == container:
+                    return int(lease.id)
+        return None
 
     def start(self) -> None:
-        """Register as the container's instance and ask for the GPU (raises CoreError when refused)."""
+        """Register as the container's instance and ask for the GPU (raises CoreError when refused); where a managed
+        client held a lease when it came, frozen once that is given back unless the turn came first."""
         self.hub.serve(self, p.Register(next(_IDS), None, [self.gpu]), time.monotonic_ns())
         self.hub.serve(self, p.Acquire(self.gpu), time.monotonic_ns())
+        if self.held is not None:
+            self._freeze_after(self.held, time.monotonic_ns()
+                               + self.hub.arbiter.scheds[self.gpu].settings.overrun_ms * 1_000_000)
 
     def send(self, msg: p.Message) -> None:
         if self.closed:

@@ -7,6 +7,7 @@ of the two together (the other users of this CPU take what they take from both).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -311,3 +312,52 @@ def test_a_proxy_that_fails_to_start_leaves_nothing_frozen_and_the_freeze_is_rec
     throttle.poll(0, 0, [GpuProcess(301, 1, cid[:12], container=cid)], True)
     assert at_freeze == [f"{state}\n"]
     assert state.read_text() == "THAWED" and throttle.proxies == {} and hub.peers == {}
+
+
+def test_a_proxy_that_starts_while_a_managed_client_holds_the_lease_freezes_once_it_is_given_back(
+        hub: Hub, tmp_path: Path) -> None:
+    """Throttling starts in the middle of a turn of the container's managed client, or just past its deadline: the
+    freeze waits for the client to give the lease back (frozen, it could not, and the lease would be cut off
+    ``overrun_ms`` late); then the container is frozen until its next turn."""
+    import cgpu_protocol as p
+    from arbiterd.server import identity
+    from arbiterd.server.identity import IdentityResolver
+    from arbiterd.server.throttle import Proxy
+
+    container = "c0ffee" * 10
+    path = tmp_path / "freezer.state"
+    path.write_text("THAWED")
+
+    class Managed:
+        def __init__(self, container: str | None) -> None:
+            self.peer = identity.Peer(os.getpid(), 0, container)
+            self.pid, self.uid = self.peer.pid, 0
+            self.instance: str | None = None
+            self.sent: list[p.Message] = []
+
+        def send(self, msg: p.Message) -> None:
+            self.sent.append(msg)
+
+    hub.identity = IdentityResolver("cgroup", "/proc")  # instances by container (the host tenant: uid-0)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        managed, other = Managed(container), Managed(None)  # the other a tenant on the host, waiting its turn
+        for client in (managed, other):
+            client.cid = hub.attach(client)  # type: ignore[arg-type,attr-defined]
+            hub.serve(client, p.Register(1, None, [0]), time.monotonic_ns())  # type: ignore[arg-type]
+            hub.serve(client, p.Acquire(0), time.monotonic_ns())  # type: ignore[arg-type]
+        grant = [m for m in managed.sent if isinstance(m, p.Grant)][-1]  # its deadline brought in for the other
+        await asyncio.sleep(max(0.0, grant.deadline_ns / 1e9 - loop.time()) + 0.01)  # past its deadline, still held
+        proxy = Proxy(hub, 0, identity.Peer(os.getpid(), 0, container), Freezer(path), loop)
+        proxy.start()
+        assert proxy.instance == managed.instance == container[:12] and proxy.lease is None
+        await asyncio.sleep(0.02)
+        assert path.read_text() == "THAWED"  # the managed client still holds its lease: not frozen under it
+        hub.serve(managed, p.Release(0, grant.lease, None, again=False), time.monotonic_ns())  # type: ignore[arg-type]
+        await asyncio.sleep(0.02)
+        assert path.read_text() == "FROZEN" and [m.OP for m in other.sent][-1] == "grant"  # the other's turn
+        proxy.close()
+        assert path.read_text() == "THAWED"
+
+    asyncio.run(go())
