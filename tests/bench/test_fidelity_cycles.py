@@ -160,3 +160,18 @@ def test_the_high_priority_gap_pairs_rows_of_one_size_and_workload() -> None:
     assert fidelity.hp_gap(rows[:2]) == 0.5
     assert fidelity.hp_gap(rows[4:]) == 0.0
     assert {r.name for r in ROWS if r.sync} == set(fidelity.HP_PAIR)
+
+
+def test_the_delivered_gap_compares_the_daemon_s_useful_time_not_the_tenants_throughput() -> None:
+    """The 1:2 pair got 95.0 % of the time as useful, high priority 95.6 %: the daemon spent no more on its
+    preemptions (gap -0.6 pp) while the throughput gap, which the tenants' speed in their turns moves, reads 4."""
+    def row(name: str, agg: float, delivered: tuple[float, float]) -> dict[str, object]:
+        return {"row": name, "size_ms": 0.5, "workload": "loop", "aggregate_pct": agg,
+                "tenants": [{"daemon_delivered_pct": d} for d in delivered]}
+
+    rows = [row("p2_1_2", 97.0, (31.5, 63.5)), row("hp60_beside_normal", 93.0, (57.6, 38.0))]
+    assert fidelity.hp_gap(rows) == 4.0
+    assert abs(fidelity.hp_gap(rows, fidelity.delivered) - -0.6) < 1e-9
+    assert "time delivered, 1:2 less high priority: -0.60 pp" in fidelity.noise(
+        [{**r, "pinned": False, "ratio_se_pct": 0.0, "tenants": [{**t, "share_se_pp": 0.0} for t in r["tenants"]]}
+         for r in rows])
