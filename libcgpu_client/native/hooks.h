@@ -11,6 +11,7 @@ enum { LIB_CUDA, LIB_NVML };
 
 /* name, base name for cuGetProcAddress, versions [min, max), per-thread-stream variant, library */
 #define HOOKS(X)                                                                \
+    X(cuInit, "cuInit", 0, 1 << 30, 0, LIB_CUDA)                                \
     X(cuLaunchKernel, "cuLaunchKernel", 0, 1 << 30, 0, LIB_CUDA)                \
     X(cuLaunchKernel_ptsz, "cuLaunchKernel", 0, 1 << 30, 1, LIB_CUDA)           \
     X(cuLaunchKernelEx, "cuLaunchKernelEx", 0, 1 << 30, 0, LIB_CUDA)            \
@@ -49,6 +50,7 @@ enum { LIB_CUDA, LIB_NVML };
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
 
 
+typedef CUresult(init_t)(unsigned int);
 typedef CUresult(launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void **, void **);
 typedef CUresult(launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
@@ -70,6 +72,7 @@ typedef CUresult(gpa2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAdd
 typedef nvmlReturn_t(nvml_mem_t)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t(nvml_mem2_t)(nvmlDevice_t, nvmlMemory_v2_t *);
 
+EXPORT init_t cuInit;
 EXPORT launch_t cuLaunchKernel, cuLaunchKernel_ptsz;
 EXPORT launch_ex_t cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
 EXPORT launch_coop_t cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;

@@ -87,7 +87,7 @@ typedef struct {
 
 CGPU_HIDDEN extern cgpu_gate cgpu_gates[CGPU_MAX_GPUS];
 CGPU_HIDDEN void cgpu_gates_init(const cgpu_device_ops *dev);
-CGPU_HIDDEN void cgpu_start(void); /* the connection and the idle thread, at the first gated call */
+CGPU_HIDDEN void cgpu_start(void); /* the connection and the idle thread, at cuInit or the first gated call */
 CGPU_HIDDEN void cgpu_gates_after_fork(void);
 
 /* Fast path: 1 when the lease is valid (inflight counted; call cgpu_gate_leave after the launch). */
