@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arbiterd.server.persist import write_atomic
 from cgpu_device_plugin.devices import Resource
 
 log = logging.getLogger("cgpu_device_plugin.store")
@@ -65,31 +66,6 @@ class Record:
                    tuple(int(x) for x in d["gpus"]), tuple(int(x) for x in d["memsize"]), int(d["core"]),
                    float(d["created"]))
 
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` (mode 0600) so that a crash leaves the old file or the new one: a temporary
-    file beside it, written whole and synced, renamed over it, then its directory synced. Raises OSError, with
-    the old file in place. (The DRA plugin's checkpoint is written the same way.)"""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 class AllocationStore:
     """Records in memory, mirrored to ``state.json`` on every change. Not thread-safe: the allocator locks."""

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cgpu_device_plugin.store import token_digest, write_atomic
+from arbiterd.server.persist import write_atomic
+from cgpu_device_plugin.store import token_digest
 
 log = logging.getLogger("cgpu_dra_plugin.checkpoint")
 ALLOC_ID = re.compile(r"dra-[0-9a-f]{12}")

@@ -13,6 +13,51 @@ log = logging.getLogger("arbiterd.state")
 STATE_FILE = "state.json"
 
 
+def _tmp_of(path: Path) -> Path:
+    """The temporary file a write of ``path`` goes through: beside it, named after it and this process."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _write_synced(path: Path, data: bytes, flags: int = 0) -> None:
+    """Create or truncate ``path`` (mode 0600), write ``data`` whole and fsync it. Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_atomic(path: Path, data: bytes) -> None:
+    """Put ``data`` at ``path`` so that a crash leaves the old file or the new one: a temporary file beside it,
+    written whole and synced, renamed over it. Raises OSError, the old file in place and no temporary left."""
+    tmp = _tmp_of(path)
+    try:
+        _write_synced(tmp, data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def sync_dir(directory: Path) -> None:
+    """fsync ``directory``, so that a rename in it survives a crash. Raises OSError."""
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """:func:`replace_atomic`, then its directory synced (raises OSError if that fails too): the device plugin's
+    and the DRA plugin's records, whose writers treat an unsynced rename as a failed save."""
+    replace_atomic(path, data)
+    sync_dir(path.parent)
+
+
 class StateStore:
     def __init__(self, state_dir: str) -> None:
         self.dir = Path(state_dir)
@@ -24,28 +69,11 @@ class StateStore:
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     def save(self, doc: dict[str, Any]) -> None:
-        """Write ``doc`` atomically. Raises OSError (nothing half-written) on failure."""
-        data = self.encode(doc)
-        tmp = self._tmp()
+        """Write ``doc`` atomically. Raises OSError (nothing half-written) on failure; a directory that cannot be
+        synced afterwards is only logged (the file is in place)."""
+        replace_atomic(self.path, self.encode(doc))
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        try:
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            sync_dir(self.dir)
         except OSError as exc:
             log.warning("state: could not fsync %s: %s", self.dir, exc.strerror)
 
@@ -55,20 +83,13 @@ class StateStore:
         refused instead (a full disk, a read-only mount, a file in the way)."""
         probe = self._tmp()
         try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                view = memoryview(bytes(size))
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_synced(probe, bytes(size), os.O_NOFOLLOW)
         finally:
             if not probe.is_dir():
                 probe.unlink(missing_ok=True)
 
     def _tmp(self) -> Path:
-        return self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+        return _tmp_of(self.path)
 
     def load(self) -> tuple[Any | None, str | None]:
         """(document, problem). A missing file is (None, None); an unreadable one is set aside."""
