@@ -166,8 +166,7 @@ class Proxy:
         self.hub.serve(self, p.Register(next(_IDS), None, [self.gpu]), time.monotonic_ns())
         self.hub.serve(self, p.Acquire(self.gpu), time.monotonic_ns())
         if self.held is not None:
-            self._freeze_after(self.held, time.monotonic_ns()
-                               + self.hub.arbiter.scheds[self.gpu].settings.overrun_ms * 1_000_000)
+            self._freeze_after(self.held, time.monotonic_ns() + self.hub.arbiter.scheds[self.gpu].overrun_ns)
 
     def send(self, msg: p.Message) -> None:
         if self.closed:
@@ -207,7 +206,7 @@ class Proxy:
         with contextlib.suppress(CoreError):
             self.hub.serve(self, p.Release(self.gpu, lease, used, again=True), now)
         if shared:
-            self._freeze_after(lease, now + self.hub.arbiter.scheds[self.gpu].settings.overrun_ms * 1_000_000)
+            self._freeze_after(lease, now + self.hub.arbiter.scheds[self.gpu].overrun_ns)
 
     def _shared(self, lease: int) -> bool:
         """Whether another client (a managed process of this container's instance) holds ``lease`` too."""
