@@ -61,16 +61,22 @@ def pair(native: Native, d: DaemonProc, tmp: Path, seconds: float, kernel_ms: fl
 
 def test_weights_1_2_get_kernel_time_1_2(native: Native, daemon_factory: type, short_tmp: Path) -> None:
     """Policy 2, weights 1:2, 2 ms kernels queued 4 at a time: kernel time 1:2 within ±10 % over 10 s (ungated,
-    about 1:1), and kernels of the two processes never run at once.
+    about 1:1), and kernels of the two processes never run at once; the daemon's bills (useful time) 1:2 within
+    ±3 %.
 
-    ±10 %, not 5: on this 2-core host, under load, the weight-1 process gets less kernel time than its third. A
-    CI run read 2.13 once; beside two busy loops it read 2.12-2.24, with the shim's connection at cuInit and
-    without, and 2.06-2.20 with 50 ms slices, so it is not the hand-overs alone (the cause is open). The precision
-    is bench.fidelity --native's (1:2 within 0.48 % at the defaults)."""
+    Why ±10 % for kernel time, not 5: beside two busy loops on this 2-core host the kernel-time ratio reads
+    2.16-2.26 while the bills read 1.98-2.01. The fake GPU is a CPU thread, and under load the gap it sees at a
+    hand-over (the last kernel of one process to the first of the other) averages 0.9-2 ms, p90 2.5 ms, where the
+    daemon measures 0.3-0.5 ms: the rest (the woken launcher, the fake's kernel thread) is used time to the
+    daemon, billed to the incoming tenant. Both processes have as many turns (about 175 in 10 s; weight 2's
+    are twice as long), so that loss is twice the fraction of weight 1's kernel time. The precision is
+    bench.fidelity --native's (1:2 within 0.48 % at the defaults)."""
     d = daemon_factory.start(*DAEMON, "--policy", "2", "--slice-ms", "20")
     a, b, win, ov = pair(native, d, short_tmp, 10.7, 2, 4)
     assert win >= 9.5, win
     assert b / a == pytest.approx(2.0, rel=0.10), (a, b, win)
+    useful = {i: float(status_of(d, i)["useful_seconds"]) for i in ("w1", "w2")}  # type: ignore[arg-type]
+    assert useful["w2"] / useful["w1"] == pytest.approx(2.0, rel=0.03), useful
     assert ov < 0.001, ov
     assert (a + b) / win > 0.75, (a, b, win)  # the GPU is not left idle between turns
 
