@@ -8,10 +8,11 @@ under ``cgpu-run --device cpu`` running torch operators of about 0.5 ms and 5 ms
 with ``--native``, C programs launching asynchronous spin kernels through libcgpu.so, on the fake CUDA
 driver here and on the real one where a GPU is. A tenant's share is its rate against its own exclusive
 rate, measured alone just before and after in the same run. bench/README.md says how. The ``sync`` workload
-ends every operation in a synchronising read (``.item()``); it runs the 1:2 row and the high-priority row, side
-by side, whose aggregates are compared (high priority's preemptions must cost no more than the weighted
-policy's hand-overs). The output ends with ``max_share_error_pp=<n> min_aggregate_pct=<n>
-max_ratio_error_pct=<n> pinned5_ratio_error_pct=<n> hp_aggregate_gap_pp=<n>``.
+ends every operation in a synchronising read (``.item()``); it runs the 1:2 row and the high-priority row, whose
+aggregates are compared (high priority's preemptions must cost no more than the weighted policy's hand-overs):
+in either workload those two rows run side by side, cycle by cycle in turn. The output ends with
+``max_share_error_pp=<n> min_aggregate_pct=<n> max_ratio_error_pct=<n> pinned5_ratio_error_pct=<n>
+hp_aggregate_gap_pp=<n>``.
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ Run = tuple[int, int, dict[str, int], dict[str, tuple[int, int]], dict[str, tupl
 """A contended run: its start and end, each process's weight, and the spans alone before and after it."""
 
 
-def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
-    """One row: cycles of each busy tenant alone then all of them under the row's policy, and alone again.
+class RowRun:
+    """One row's cycles: each busy tenant alone, then all of them under the row's policy, and alone again.
 
     A tenant's share in a cycle is its rate in the contended run (whole rounds after a warm-up) against its
     rate alone just before and just after. In a 1:2 row the two processes swap weights between cycles
@@ -153,95 +154,170 @@ def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namesp
     many were. A row whose standard error is still over half its target after its cycles (a share's over 1.5 pp,
     a ratio's over 1.25 %: the machine is noisy) runs more of them, up to ``--max-cycles-factor`` times as many:
     the rule looks at the spread of the cycles, never at their mean.
+
+    Every cycle writes the row's settings, weights and policy first, so that rows can take turns cycle by cycle
+    on one daemon (:func:`run_side_by_side`); a cycle that follows another row's runs first runs its tenants
+    alone again, so that its reference is as fresh as in a row run on its own.
     """
-    for key, value in {**ROW_DEFAULTS, **row.settings}.items():
-        daemon.echo(value, f"0/{key}")
-    busy = [t for t in row.tenants if t.busy]
-    cycles = args.pinned_cycles if row.pinned else args.ratio_cycles if row.ratio else args.cycles
-    most = cycles * max(1, args.max_cycles_factor)
-    block = 4 if row.ratio else 1  # a 1:2 row grows by whole ABBA blocks
-    books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
-    alone_spans: list[dict[str, tuple[int, int]]] = []
-    runs: list[Run] = []
-    repeated = 0
+
+    def __init__(self, daemon: DaemonProc, ts: Any, row: Row, args: argparse.Namespace) -> None:
+        self.daemon, self.ts, self.row, self.args = daemon, ts, row, args
+        self.busy = [t for t in row.tenants if t.busy]
+        self.cycles = args.pinned_cycles if row.pinned else args.ratio_cycles if row.ratio else args.cycles
+        self.most = self.cycles * max(1, args.max_cycles_factor)
+        self.block = 4 if row.ratio else 1  # a 1:2 row grows by whole ABBA blocks
+        self.books: dict[str, float] = {}  # the daemon's own accounting over the contended runs
+        self.alone_spans: list[dict[str, tuple[int, int]]] = []
+        self.runs: list[Run] = []
+        self.repeated = 0
+        self.k = 0
+        self.gpu: dict[str, Any] = {}
+
+    def more(self) -> bool:
+        """Whether the row runs another cycle."""
+        k = self.k
+        return (k < self.cycles or k % self.block != 0
+                or (k < self.most and too_noisy(*per_cycle(self.row, self.runs, self.ts, self.args))))
+
+    def alone(self) -> None:
+        self.daemon.echo("4", "0/policy")  # work-conserving: one tenant gets the whole GPU
+        spans = {}
+        for t in self.busy:
+            a0, a1 = self.ts.run([t.name], self.args.exclusive)
+            spans[t.name] = (a0 + int(0.3e9), a1)
+        self.alone_spans.append(spans)
+
+    def drift_pct(self, j: int) -> float:
+        """How far a busy tenant's rate alone moved from run alone ``j`` to the next, at most (%)."""
+        moved = 0.0
+        for t in self.busy:
+            ends = self.ts.ends(t.name)
+            r0, r1 = (rate(ends, *self.alone_spans[i][t.name]) for i in (j, j + 1))
+            moved = max(moved, 100 * abs(r1 / r0 - 1) if r0 else 100.0)
+        return moved
+
+    def cycle(self, fresh: bool = False) -> None:
+        """One cycle (run again while the machine drifted around it); ``fresh``: run alone first."""
+        row, args, daemon, ts = self.row, self.args, self.daemon, self.ts
+        for key, value in {**ROW_DEFAULTS, **row.settings}.items():
+            daemon.echo(value, f"0/{key}")
+        for t in self.busy:  # the processes may have played another row's tenants
+            daemon.echo(str(int(t.highprio)), f"0/{ts.instance(t.name)}/highprio")
+        if fresh or not self.alone_spans:
+            self.alone()
+        weights = {t.name: t.weight for t in self.busy}
+        if row.ratio and self.k % 4 in (1, 2):  # ABBA: the processes swap weights
+            weights = {"A": 2, "B": 1}
+        for name in sorted(weights, key=lambda n: weights[n]):  # lower first: the sum stays <= max_inst
+            daemon.echo(str(weights[name]), f"0/{ts.instance(name)}/weight")
+        while True:
+            daemon.echo(str(row.policy), "0/policy")
+            before = daemon.status()
+            # whole rounds are measured: a row with long rounds (3:5:7 at 100 ms is 1.5 s) runs longer
+            seconds = max(args.contended, args.warmup + ROUNDS * round_s(row))
+            t0, t1 = ts.run([t.name for t in self.busy], seconds)
+            after = daemon.status()
+            self.alone()
+            j = len(self.alone_spans) - 2
+            if self.repeated < max(self.cycles, self.k + 1) and self.drift_pct(j) > args.drift:
+                self.repeated += 1
+                continue
+            self.gpu = after["gpus"][0]
+            by_weight = {t.weight: t.name for t in self.busy}
+            account(self.books, ts, row, before, after,
+                    {t.name: by_weight[weights[t.name]] if row.ratio and t.busy else t.name
+                     for t in row.tenants})
+            self.runs.append((t0, t1, weights, self.alone_spans[j], self.alone_spans[j + 1]))
+            break
+        self.k += 1
+
+    def result(self) -> dict[str, Any]:
+        row, ts, gpu, books = self.row, self.ts, self.gpu, self.books
+        by_role, log_ratios = per_cycle(row, self.runs, ts, self.args)
+        shares = {name: statistics.mean(v) for name, v in by_role.items()}
+        share_se = {name: std_error(v) for name, v in by_role.items()}  # pp
+        for t in row.tenants:
+            shares.setdefault(t.name, 0.0)
+        # each tenant's grant waits over the daemon's last minute, at the row's end (mostly its contended runs:
+        # the runs alone renew an extended lease about once a second); for a high-priority tenant, its
+        # preemption delay
+        last = {i["id"]: i for i in gpu.get("instances", [])}
+        waits = {t.name: {k: last[ts.instance(t.name)][k] for k in ("wait_p50_ms", "wait_p99_ms")}
+                 for t in row.tenants if ts.instance(t.name) in last}
+        out: dict[str, Any] = {
+            "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
+            "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"],
+            "handover_transit_ms": gpu["handover_transit_ms"], "handover_warmup_ms": gpu["handover_warmup_ms"],
+            "cycles": len(self.runs), "base_cycles": self.cycles, "repeated": self.repeated,
+            "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
+                         "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
+                         "share_se_pp": round(share_se.get(t.name, 0.0), 2),
+                         "error_pp": round(shares[t.name] - t.target, 2),
+                         **{f"daemon_{k}": round(100 * books.get(f"{t.name}.{k}", 0.0) / books["span"], 2)
+                            for k in ("entitled_pct", "delivered_pct", "error_pp")},
+                         "cycles_pct": [round(x, 1) for x in by_role.get(t.name, [])],
+                         **waits.get(t.name, {"wait_p50_ms": None, "wait_p99_ms": None})} for t in row.tenants],
+            "aggregate_pct": round(sum(shares[t.name] for t in self.busy), 2),
+        }
+        if row.ratio:  # the processes swapped weights in as many cycles as not: their own speeds cancel
+            out["ratio"] = round(math.exp(statistics.mean(log_ratios)), 4)
+            out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
+            out["ratio_se_pct"] = round(100 * std_error(log_ratios), 2)  # of the mean log-ratio: about %
+        return out
+
+
+def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
+    """One row on its own: its cycles one after another (:class:`RowRun`)."""
     with tenants_of(row) as ts:
+        run = RowRun(daemon, ts, row, args)
+        while run.more():
+            run.cycle()
+        return run.result()
 
-        def alone() -> None:
-            daemon.echo("4", "0/policy")  # work-conserving: one tenant gets the whole GPU
-            spans = {}
-            for t in busy:
-                a0, a1 = ts.run([t.name], args.exclusive)
-                spans[t.name] = (a0 + int(0.3e9), a1)
-            alone_spans.append(spans)
 
-        def drift_pct(j: int) -> float:
-            """How far a busy tenant's rate alone moved from run alone ``j`` to the next, at most (%)."""
-            moved = 0.0
-            for t in busy:
-                ends = ts.ends(t.name)
-                r0, r1 = (rate(ends, *alone_spans[i][t.name]) for i in (j, j + 1))
-                moved = max(moved, 100 * abs(r1 / r0 - 1) if r0 else 100.0)
-            return moved
+class Playing:
+    """One row's tenants played by the processes of another row's (``names``: this row's name to theirs)."""
 
-        alone()
-        gpu: dict[str, Any] = {}
-        k = 0
-        while k < cycles or k % block or (k < most and too_noisy(*per_cycle(row, runs, ts, args))):
-            weights = {t.name: t.weight for t in busy}
-            if row.ratio and k % 4 in (1, 2):  # ABBA: the processes swap weights
-                weights = {"A": 2, "B": 1}
-            for name in sorted(weights, key=lambda n: weights[n]):  # lower first: the sum stays <= max_inst
-                daemon.echo(str(weights[name]), f"0/{ts.instance(name)}/weight")
-            while True:
-                daemon.echo(str(row.policy), "0/policy")
-                before = daemon.status()
-                # whole rounds are measured: a row with long rounds (3:5:7 at 100 ms is 1.5 s) runs longer
-                seconds = max(args.contended, args.warmup + ROUNDS * round_s(row))
-                t0, t1 = ts.run([t.name for t in busy], seconds)
-                after = daemon.status()
-                alone()
-                j = len(alone_spans) - 2
-                if repeated < max(cycles, k + 1) and drift_pct(j) > args.drift:
-                    repeated += 1
-                    continue
-                gpu = after["gpus"][0]
-                by_weight = {t.weight: t.name for t in busy}
-                account(books, ts, row, before, after,
-                        {t.name: by_weight[weights[t.name]] if row.ratio and t.busy else t.name
-                         for t in row.tenants})
-                runs.append((t0, t1, weights, alone_spans[j], alone_spans[j + 1]))
-                break
-            k += 1
-        by_role, log_ratios = per_cycle(row, runs, ts, args)
-    shares = {name: statistics.mean(v) for name, v in by_role.items()}
-    share_se = {name: std_error(v) for name, v in by_role.items()}  # pp
-    for t in row.tenants:
-        shares.setdefault(t.name, 0.0)
-    # each tenant's grant waits over the daemon's last minute, at the row's end (mostly its contended runs: the
-    # runs alone renew an extended lease about once a second); for a high-priority tenant, its preemption delay
-    last = {i["id"]: i for i in gpu.get("instances", [])}
-    waits = {t.name: {k: last[ts.instance(t.name)][k] for k in ("wait_p50_ms", "wait_p99_ms")}
-             for t in row.tenants if ts.instance(t.name) in last}
-    out: dict[str, Any] = {
-        "row": row.name, "policy": row.policy, "settings": {**ROW_DEFAULTS, **row.settings},
-        "slice_in_force_ms": gpu["slice_effective_ms"], "handover_ms": gpu["handover_ms"],
-        "handover_transit_ms": gpu["handover_transit_ms"], "handover_warmup_ms": gpu["handover_warmup_ms"],
-        "cycles": len(runs), "base_cycles": cycles, "repeated": repeated,
-        "tenants": [{"name": t.name, "weight": t.weight, "highprio": t.highprio, "busy": t.busy,
-                     "target_pct": round(t.target, 2), "share_pct": round(shares[t.name], 2),
-                     "share_se_pp": round(share_se.get(t.name, 0.0), 2),
-                     "error_pp": round(shares[t.name] - t.target, 2),
-                     **{f"daemon_{k}": round(100 * books.get(f"{t.name}.{k}", 0.0) / books["span"], 2)
-                        for k in ("entitled_pct", "delivered_pct", "error_pp")},
-                     "cycles_pct": [round(x, 1) for x in by_role.get(t.name, [])],
-                     **waits.get(t.name, {"wait_p50_ms": None, "wait_p99_ms": None})} for t in row.tenants],
-        "aggregate_pct": round(sum(shares[t.name] for t in busy), 2),
-    }
-    if row.ratio:  # the processes swapped weights in as many cycles as not: their own speeds cancel
-        out["ratio"] = round(math.exp(statistics.mean(log_ratios)), 4)
-        out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
-        out["ratio_se_pct"] = round(100 * std_error(log_ratios), 2)  # of the mean log-ratio: about %
-    return out
+    def __init__(self, ts: Any, names: dict[str, str]) -> None:
+        self.ts, self.names = ts, names
+
+    def instance(self, name: str) -> str:
+        return str(self.ts.instance(self.names[name]))
+
+    def run(self, names: list[str], seconds: float) -> tuple[int, int]:
+        t0, t1 = self.ts.run([self.names[n] for n in names], seconds)
+        return int(t0), int(t1)
+
+    def ends(self, name: str) -> list[int]:
+        return list(self.ts.ends(self.names[name]))
+
+    def leases(self, name: str) -> list[tuple[int, int]]:
+        return list(self.ts.leases(self.names[name]))
+
+
+def run_side_by_side(daemon: DaemonProc, tenants_of: Any, rows: list[Row],
+                     args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Rows whose aggregates are compared (the 1:2 row and the high-priority row), run cycle by cycle in turn on
+    one daemon: a spell of the machine slower than the rest falls on both rows alike instead of on whichever ran
+    then. The same processes play every row's tenants (the first row's, in order), each cycle writing its row's
+    weights and priorities, because instances of a row not running would hold their idle turns on policy 2.
+    A row with more cycles than the others runs its rest after theirs."""
+    with tenants_of(rows[0]) as ts:
+        first = [t.name for t in rows[0].tenants]
+        runs = []
+        for row in rows:
+            names = [t.name for t in row.tenants]
+            if len(names) != len(first) or not all(t.busy for t in row.tenants):
+                raise ValueError(f"rows side by side need as many busy tenants: {rows[0].name}, {row.name}")
+            runs.append(RowRun(daemon, ts if row is rows[0] else Playing(ts, dict(zip(names, first, strict=True))),
+                               row, args))
+        last: RowRun | None = None
+        while any(r.more() for r in runs):
+            for r in runs:
+                if r.more():
+                    r.cycle(fresh=last is not None and last is not r)
+                    last = r
+        return [r.result() for r in runs]
 
 
 def per_cycle(row: Row, runs: list[Run], ts: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]],
@@ -450,17 +526,27 @@ def main(argv: list[str] | None = None) -> int:
                     tenants_of = torch_of
                     label = (f"{ms:g} ms ops{' + .item()' if sync else ''} (matmul {matmul}, {args.threads} "
                              f"thread{'s' * (args.threads > 1)})")
-                for row in ROWS:
-                    if not selected(row, args.only) or (sync and not row.sync):
-                        continue
-                    r = run_row(daemon, tenants_of, row, args)
-                    r.update(size_ms=ms, workload=workload, op=label, full=row.full, pinned=row.pinned)
-                    rows_out.append(r)
-                    print(describe(label, row, r), flush=True)
+                chosen = [row for row in ROWS if selected(row, args.only) and (row.sync or not sync)]
+                pair = [row for row in chosen if row.name in HP_PAIR]
+                for row in chosen:
+                    if len(pair) == 2 and row is pair[1]:
+                        continue  # it ran beside the first, cycle by cycle
+                    together = pair if len(pair) == 2 and row is pair[0] else [row]
+                    if len(together) > 1:
+                        outs = run_side_by_side(daemon, tenants_of, together, args)
+                    else:
+                        outs = [run_row(daemon, tenants_of, row, args)]
+                    for one, r in zip(together, outs, strict=True):
+                        r.update(size_ms=ms, workload=workload, op=label, full=one.full, pinned=one.pinned,
+                                 side_by_side=len(together) > 1)
+                        rows_out.append(r)
+                        print(describe(label, one, r), flush=True)
                     if row.policy == 0 and not args.native:  # in the same spell of the machine as the row
-                        controls.append(control(r, matmul, ms, args.threads))
+                        controls.append(control(outs[0], matmul, ms, args.threads))
+                order = [row.name for row in ROWS]
                 lines += table(kind, f"{ms:g} ms{' sync' if sync else ''}",
-                               [r for r in rows_out if r["size_ms"] == ms and r["workload"] == workload])
+                               sorted((r for r in rows_out if r["size_ms"] == ms and r["workload"] == workload),
+                                      key=lambda r: order.index(r["row"])))
     summ = summary(rows_out)
     summary_line = " ".join(f"{k}={v:.2f}" for k, v in summ.items())
     ok = all(summ[k] <= v if k != "min_aggregate_pct" else summ[k] >= v for k, v in TARGETS.items())

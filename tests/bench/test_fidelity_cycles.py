@@ -175,3 +175,43 @@ def test_the_delivered_gap_compares_the_daemon_s_useful_time_not_the_tenants_thr
     assert "time delivered, 1:2 less high priority: -0.60 pp" in fidelity.noise(
         [{**r, "pinned": False, "ratio_se_pct": 0.0, "tenants": [{**t, "share_se_pp": 0.0} for t in r["tenants"]]}
          for r in rows])
+
+
+def test_the_compared_rows_take_turns_cycle_by_cycle_each_under_its_own_settings() -> None:
+    """run_side_by_side: one pair of processes plays both rows. While both rows have cycles left their contended
+    runs alternate, each under its own row's policy, prio_ratio, weights and priorities, with the tenants alone
+    just before under the same row's settings; the 1:2 row's last four cycles (8 against 4) follow on their own."""
+    daemon = FakeDaemon(Clock())
+    log: list[tuple[str, dict[str, str]]] = []  # (what ran, the settings in force) per phase
+
+    class Logged(FakeTenants):
+        def run(self, names: list[str], seconds: float) -> tuple[int, int]:
+            log.append(("together" if len(names) > 1 else "alone", dict(self.daemon.settings)))
+            return super().run(names, seconds)
+
+    tenants: list[Logged] = []
+
+    def tenants_of(r: Row) -> Logged:
+        tenants.append(Logged(daemon, r, 0.0))
+        return tenants[-1]
+
+    outs = fidelity.run_side_by_side(daemon, tenants_of, [row(n) for n in fidelity.HP_PAIR], args())  # type: ignore[arg-type]
+    assert len(tenants) == 1  # the same processes played the high-priority row's H and N
+    together = [(i, s) for i, (what, s) in enumerate(log) if what == "together"]
+    assert [s["0/policy"] for _, s in together] == ["2", "1"] * 4 + ["2"] * 4
+    for i, s in together:
+        mine = {k: s[k] for k in ("0/prio_ratio", "0/A/highprio", "0/B/highprio")}
+        if s["0/policy"] == "1":
+            assert mine == {"0/prio_ratio": "60", "0/A/highprio": "1", "0/B/highprio": "0"}
+            assert (s["0/A/weight"], s["0/B/weight"]) == ("1", "1")
+        else:
+            assert mine == {"0/prio_ratio": "50", "0/A/highprio": "0", "0/B/highprio": "0"}
+            assert {s["0/A/weight"], s["0/B/weight"]} == {"1", "2"}
+        before = log[i - 2:i]  # each tenant alone, under this row's settings
+        assert [w for w, _ in before] == ["alone"] * 2
+        assert all(b["0/prio_ratio"] == s["0/prio_ratio"] and b["0/A/highprio"] == s["0/A/highprio"]
+                   for _, b in before)
+    assert [o["row"] for o in outs] == list(fidelity.HP_PAIR) and [o["cycles"] for o in outs] == [8, 4]
+    assert abs(outs[0]["ratio"] - 2.0) < 0.01
+    assert [t["name"] for t in outs[1]["tenants"]] == ["H", "N"]
+    assert all(abs(t["share_pct"] - 50.0) < 0.2 for t in outs[1]["tenants"])  # the fake splits by weight: 1:1
