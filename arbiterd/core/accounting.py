@@ -13,6 +13,12 @@ that they hold their nominal useful time; scheduler.py), and it sizes
 ``slice_ms = auto``: the shortest slice whose hand-over stays at or under
 ``handover_target_pct`` %.
 
+The expected overhead sizes every tenant's slice, so an instance whose clients
+report a warm-up below zero on average counts there as reporting none (each
+sample ``sized_ns``); the median and the bounds, which bill, keep every claim.
+One client's word, a liar's or a stale estimate's, would otherwise cut the
+slice to its floor (arbiterd.core.credit).
+
 The meter also keeps the two parts of the recent samples apart, unclamped, to
 say where a GPU's hand-overs go: the *transit* (the daemon's work and the
 messages', from the grant to the client and from its release back) and the
@@ -41,20 +47,23 @@ class HandoverMeter:
     def __init__(self) -> None:
         self.samples: deque[int] = deque(maxlen=SAMPLES)
         self.warmups: deque[int] = deque(maxlen=SAMPLES)  # the part of each sample the client reported
+        self.sized: deque[int] = deque(maxlen=SAMPLES)  # each sample as the slice is sized from it
         self.count = 0
         self.median = 0
-        self.expected = 0  # the mean of the recent overheads, each kept within [lo, hi]
+        self.expected = 0  # the mean of the recent overheads as sized, each kept within [lo, hi]
         self.lo = self.hi = 0  # the bounds a lease's overhead is kept within
         self.buckets = [0] * len(BUCKETS)
         self.sum_ns = 0
 
-    def observe(self, overhead_ns: int, warmup_ns: int = 0) -> bool:
-        """Record one lease's overhead, of which ``warmup_ns`` the client reported; True when the median was
+    def observe(self, overhead_ns: int, warmup_ns: int = 0, sized_ns: int | None = None) -> bool:
+        """Record one lease's overhead, of which ``warmup_ns`` the client reported, and ``sized_ns``, what it
+        counts for in the expected overhead (the overhead itself unless given); True when the median was
         recomputed."""
         if not -SAMPLE_MAX_NS <= overhead_ns <= SAMPLE_MAX_NS:
             return False
         self.samples.append(overhead_ns)
         self.warmups.append(warmup_ns)
+        self.sized.append(overhead_ns if sized_ns is None else sized_ns)
         self.count += 1
         self.sum_ns += max(0, overhead_ns)
         self.buckets[bisect.bisect_left(BUCKETS, max(0, overhead_ns) / 1e9)] += 1
@@ -65,8 +74,7 @@ class HandoverMeter:
         self.median = ordered[n // 2]
         spread = SPREAD * (ordered[3 * n // 4] - ordered[n // 4]) + FLOOR_NS
         lo, hi = self.lo, self.hi = self.median - spread, self.median + spread
-        below, above = bisect.bisect_left(ordered, lo), bisect.bisect_right(ordered, hi)
-        kept = lo * below + sum(ordered[below:above]) + hi * (n - above)  # each sample within [lo, hi]
+        kept = sum(min(hi, max(lo, x)) for x in self.sized)  # each sample within [lo, hi]
         self.expected = max(0, kept // n)
         return True
 

@@ -10,7 +10,7 @@ it, and sizes neither the slice nor its own turns.
 
 from __future__ import annotations
 
-from arbiterd.core.accounting import SAMPLE_MAX_NS, running_mean
+from arbiterd.core.accounting import OWN_HANDOVER_LEASES, SAMPLE_MAX_NS, running_mean
 from arbiterd.core.effects import NS_PER_MS
 from arbiterd.core.model import InstanceState, Lease, Runqueue
 
@@ -53,16 +53,25 @@ def measure(rq: Runqueue, lease: Lease, now: int, used_ns: int, warmup_ns: int) 
     is not billed either, but it neither sizes the slice nor lengthens the instance's turns, which must pay for
     real hand-overs (an instance alone for a while would otherwise come back to contention with a slice and turns
     sized for none)."""
-    overhead = max(0, now - lease.granted_ns - used_ns) + warmup_ns
+    transit = max(0, now - lease.granted_ns - used_ns)
+    overhead = transit + warmup_ns
     inst = lease.inst
     cap = credit_cap(rq, inst)
     if not lease.renewal:
         inst.handovers += 1
         inst.claimed_ns = running_mean(inst.claimed_ns, min(overhead, SAMPLE_MAX_NS), inst.handovers)
+        n = inst.handovers
+        inst.warmup_mean_ns = warmup_ns if n <= 1 else (
+            inst.warmup_mean_ns + (warmup_ns - inst.warmup_mean_ns) // min(n, OWN_HANDOVER_LEASES))
+    # the expected overhead sizes every tenant's slice: an instance whose clients report a warm-up below zero on
+    # average (a liar, or a client whose idea of its own speed went stale) counts there as reporting none, or its
+    # word would cut the slice to its floor; one honest lease below zero among others is kept, as it came, so
+    # the estimate stays unbiased. The bounds that bill, and the lease's own bill, keep every claim.
+    sized = min(overhead - min(0, inst.warmup_mean_ns), cap)
     if overhead > cap:
         overhead = cap
         warmup_ns = min(warmup_ns, cap)
-    moved = not lease.renewal and rq.handover.observe(overhead, warmup_ns)
+    moved = not lease.renewal and rq.handover.observe(overhead, warmup_ns, sized)
     kept = min(rq.handover.discount(overhead), cap)
     lease.discount_ns = min(kept, now - lease.granted_ns)
     return moved, kept

@@ -47,6 +47,7 @@ class InstanceState:
     handover_ns: int = -1  # its own expected hand-over: a running mean of its leases' (-1: none yet)
     claimed_ns: int = -1  # what its clients report a hand-over costs: a running mean, unclamped (-1: none yet)
     handovers: int = 0  # hand-overs measured for it (its running means start as plain means)
+    warmup_mean_ns: int = 0  # the warm-up its clients report: a running mean over the same hand-overs
     extension_ns: int = -1  # what its turns are lengthened by now (-1: the GPU's, until it has its own)
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 

@@ -77,3 +77,20 @@ def test_tenants_that_lie_together_cannot_raise_each_others_bound() -> None:
     res = sim.run(60 * NS_PER_S, warmup_ns=5 * NS_PER_S)
     h, li = res.instances["honest"].share, res.instances["liar"].share
     assert 100 * (li - h) / (h + li) <= 2.0, (h, li)
+
+
+@pytest.mark.parametrize("cost", [HAND_OVER, SLOW], ids=["0.3ms", "1.3ms"])
+def test_a_negative_warm_up_cuts_the_slice_no_more_than_reporting_none(cost: SwitchCost) -> None:
+    """A hand-over costs no less than nothing: in the expected hand-over, which sizes every tenant's slice, an
+    instance whose warm-up claims average below zero counts as claiming none. Before, one tenant claiming -2 ms
+    (or a client whose pace had gone stale, as one did on the VM: -2.08 ms of warm-up on average) put the
+    GPU's slice at the 5 ms floor (from 16 and 65 ms), and so every tenant's hand-overs at up to a quarter of
+    their time. Now the liar cuts it no further than a tenant that reports no warm-up at all, whose word the
+    daemon cannot check either (10 and 35 ms against 7 and 21)."""
+    silent = SimInstance("quiet", 1, workload=busy(0.5), claim_warmup_ns=-(cost.wake_ns + cost.warm_ns))
+    _, _, quiet_sim = shares(silent, cost, seconds=20)
+    for claim_ms in (-2, -90):
+        honest, lied, sim = shares(SimInstance("liar", 1, workload=busy(0.5), claim_warmup_ns=claim_ms * NS_PER_MS),
+                                   cost, seconds=20)
+        assert sim.sched.slice_ns >= quiet_sim.sched.slice_ns > sim.sched.settings.slice_min_ms * NS_PER_MS, claim_ms
+        assert lied <= honest + 0.5  # and it still wins nothing
