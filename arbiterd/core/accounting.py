@@ -104,9 +104,9 @@ class HandoverMeter:
 OWN_HANDOVER_LEASES = 16  # an instance's expected hand-over is a running mean over about this many leases
 
 
-def running_mean(mean: int, sample: int, n: int) -> int:
+def running_mean(mean: int, sample: int, n: int, signed: bool = False) -> int:
     """A running mean over about OWN_HANDOVER_LEASES samples; over the first ones, their plain mean (``mean`` below
-    0: none yet)."""
-    if mean < 0 or n <= 1:
+    0: none yet, unless ``signed``: a mean that may be below 0, which ``n`` alone starts)."""
+    if n <= 1 or (mean < 0 and not signed):
         return sample
     return mean + (sample - mean) // min(n, OWN_HANDOVER_LEASES)

@@ -10,7 +10,7 @@ it, and sizes neither the slice nor its own turns.
 
 from __future__ import annotations
 
-from arbiterd.core.accounting import OWN_HANDOVER_LEASES, SAMPLE_MAX_NS, running_mean
+from arbiterd.core.accounting import SAMPLE_MAX_NS, running_mean
 from arbiterd.core.effects import NS_PER_MS
 from arbiterd.core.model import InstanceState, Lease, Runqueue
 
@@ -60,9 +60,7 @@ def measure(rq: Runqueue, lease: Lease, now: int, used_ns: int, warmup_ns: int) 
     if not lease.renewal:
         inst.handovers += 1
         inst.claimed_ns = running_mean(inst.claimed_ns, min(overhead, SAMPLE_MAX_NS), inst.handovers)
-        n = inst.handovers
-        inst.warmup_mean_ns = warmup_ns if n <= 1 else (
-            inst.warmup_mean_ns + (warmup_ns - inst.warmup_mean_ns) // min(n, OWN_HANDOVER_LEASES))
+        inst.warmup_mean_ns = running_mean(inst.warmup_mean_ns, warmup_ns, inst.handovers, signed=True)
     # the expected overhead sizes every tenant's slice: an instance whose clients report a warm-up below zero on
     # average (a liar, or a client whose idea of its own speed went stale) counts there as reporting none, or its
     # word would cut the slice to its floor; one honest lease below zero among others is kept, as it came, so
