@@ -312,12 +312,14 @@ def run_side_by_side(daemon: DaemonProc, tenants_of: Any, rows: list[Row],
             runs.append(RowRun(daemon, ts if row is rows[0] else Playing(ts, dict(zip(names, first, strict=True))),
                                row, args))
         last: RowRun | None = None
-        while any(r.more() for r in runs):
+        while True:  # each row's rule asked once a pass (it may read the tenants' records), until none runs
+            ran = False
             for r in runs:
                 if r.more():
                     r.cycle(fresh=last is not None and last is not r)
-                    last = r
-        return [r.result() for r in runs]
+                    last, ran = r, True
+            if not ran:
+                return [r.result() for r in runs]
 
 
 def per_cycle(row: Row, runs: list[Run], ts: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]],
