@@ -7,6 +7,7 @@ Both ends (the daemon, the blocking and the asyncio client) use this package;
 from cgpu_protocol.codec import (
     ERROR_CODES,
     MAX_MESSAGE,
+    MAX_REQUEST,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     Decoder,
@@ -41,7 +42,7 @@ from cgpu_protocol.messages import (
 )
 
 __all__ = [
-    "C2S", "ERROR_CODES", "MAX_MESSAGE", "MESSAGES", "PROTOCOL_VERSION", "REVOKE_REASONS", "S2C",
+    "C2S", "ERROR_CODES", "MAX_MESSAGE", "MAX_REQUEST", "MESSAGES", "PROTOCOL_VERSION", "REVOKE_REASONS", "S2C",
     "SUPPORTED_VERSIONS", "Acquire", "Bye", "Decoder", "Denied", "Encoder", "Error", "Grant", "Hello", "MemFree",
     "MemQuery", "MemReserve", "Message", "Ok", "ProtocolError", "Register", "Registered", "Release", "Revoke",
     "Stats", "StatsReply", "Welcome", "decode", "request_id",

@@ -20,6 +20,12 @@ SUPPORTED_VERSIONS = (1,)
 MAX_MESSAGE = 64 * 1024
 MAX_MAP_KEYS = 64
 MAX_ARRAY_ITEMS = 4096
+# what the daemon takes from a client: the largest request is a register naming 64 GPUs by UUID, with a memory
+# limit each (about 3.5 KiB, 8 keys); nothing legitimate comes near these, and a frame of them decodes into at
+# most a few thousand items
+MAX_REQUEST = 8 * 1024
+MAX_REQUEST_MAP_KEYS = 16
+MAX_REQUEST_ARRAY_ITEMS = 64
 ERROR_CODES = ("bad_frame", "too_large", "unknown_op", "bad_request", "version", "identity",
                "refused", "not_found", "busy")
 
@@ -66,7 +72,8 @@ def pack(fields: dict[str, Any]) -> bytes:
 class Decoder:
     """Streaming decoder: feed bytes, iterate complete frames. Raises ProtocolError on bad input."""
 
-    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+    def __init__(self, max_message: int = MAX_MESSAGE, max_array: int = MAX_ARRAY_ITEMS,
+                 max_map: int = MAX_MAP_KEYS) -> None:
         self.max_message = max_message
         self._unpacker = msgpack.Unpacker(
             raw=False,
@@ -74,8 +81,8 @@ class Decoder:
             max_buffer_size=2 * max_message,
             max_str_len=max_message,
             max_bin_len=max_message,
-            max_array_len=MAX_ARRAY_ITEMS,
-            max_map_len=MAX_MAP_KEYS,
+            max_array_len=max_array,
+            max_map_len=max_map,
             max_ext_len=0,
         )
         self._fed = 0  # bytes fed in all
@@ -155,6 +162,16 @@ class Decoder:
             raise ProtocolError("too_large", f"frame exceeds a limit ({exc})") from None
         raise ProtocolError("bad_frame", f"undecodable frame ({exc.__class__.__name__})") from None
         yield  # a generator: it raises when iterated, after the frames chained before it
+
+    @classmethod
+    def for_requests(cls) -> Decoder:
+        """The daemon's decoder of a client's requests: frames no larger than the largest request needs."""
+        return cls(MAX_REQUEST, MAX_REQUEST_ARRAY_ITEMS, MAX_REQUEST_MAP_KEYS)
+
+    @property
+    def whole(self) -> int:
+        """Bytes fed up to the end of the last whole frame decoded (so a frame's size is the step it made)."""
+        return self._whole
 
     @property
     def pending_bytes(self) -> int:

@@ -31,8 +31,15 @@ It reads one JSON command per line on stdin and answers each with one JSON line 
     {"op": "probe", "seconds": S, "gpu": G}
                                            -> {"rtt_ms": [...]}: memory queries on the registered connection, one
                                               every 2 ms, and each one's round trip
-    {"op": "admin_get", "sock": A, "path": P}
-                                           -> {"status": code, "body": "..."}: GET P on the admin socket A (HTTP/1.1)
+    {"op": "admin_get", "sock": A, "path": P, "method": M, "body": B, "zombie": Z}
+                                           -> {"status": code, "body": "..."}: M (default GET) P on the admin socket
+                                              A (HTTP/1.1); with Z (seconds) the connection is made by a child
+                                              that exits Z s later, left a zombie, before the request is sent
+    {"op": "flood_bytes", "seconds": S, "conns": N, "items": K}
+                                           -> {"sent": n, "frame_bytes": b, "closed": k}: the flood connections send
+                                              requests costly to decode (K arrays of K empty maps in one key)
+    {"op": "zombie_connect", "sock": S}    -> {"child": PID}: a child connects to S (default: the daemon's socket)
+                                              and exits, left unreaped; this process speaks on that connection
     {"op": "close"} | {"op": "exit"}
 """
 
@@ -53,9 +60,12 @@ import msgpack
 
 
 class Conn:
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+    def __init__(self, path: str | None, sock: socket.socket | None = None) -> None:
+        if sock is None:
+            assert path is not None
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+        self.sock = sock
         self.unpacker = msgpack.Unpacker(raw=False)
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -155,17 +165,85 @@ def flood_register(path: str, seconds: float) -> dict[str, Any]:
     return {"sent": sent, "answered": answered[0]}
 
 
-def admin_get(sock_path: str, path: str) -> dict[str, Any]:
-    """GET ``path`` on the admin API at ``sock_path``: the status code and the body."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
+def flood_bytes(conns: list[Conn], seconds: float, items: int) -> dict[str, Any]:
+    """On greeted connections, send as fast as they can requests that cost much to decode and little to refuse: a
+    ``mem_query`` with one more key holding ``items`` arrays of ``items`` empty maps (64: about 4 KiB, 4 160
+    items; 4096 would make a frame of 64 KiB and 61 000 maps, past what the daemon takes now). Each is answered
+    ``bad_request`` and the connection stays; the replies are read."""
+    rows = items if items <= 64 else 61_000 // items
+    frame = msgpack.packb({"op": "mem_query", "id": 1, "gpu": 1, "x": [[{}] * items] * rows})
+    batch = frame * max(1, 65536 // len(frame))
+    sent = closed = 0
+    for c in conns:
+        c.sock.setblocking(False)
+    end = time.monotonic() + seconds
+    live = list(conns)
+    left = {id(c): b"" for c in conns}  # what a partial send left of a batch: sent first, so frames stay whole
+    while time.monotonic() < end and live:
+        for c in list(live):
+            try:
+                out = left[id(c)] or batch
+                n = c.sock.send(out)
+                left[id(c)] = out[n:]
+                sent += (len(batch) - len(left[id(c)])) // len(frame) if not left[id(c)] else 0
+            except BlockingIOError:
+                pass
+            except OSError:
+                live.remove(c)
+                closed += 1
+                continue
+            try:
+                while c.sock.recv(1 << 20):
+                    pass
+            except BlockingIOError:
+                pass
+            except OSError:
+                live.remove(c)
+                closed += 1
+        time.sleep(0.0005)
+    return {"sent": sent, "frame_bytes": len(frame), "closed": closed}
+
+
+def zombie_connected(sock_path: str, linger: float = 0.0) -> tuple[socket.socket, int]:
+    """A socket connected to ``sock_path`` by a child that then exited (``linger`` s later, so that a running
+    daemon accepts it while it lives) and is left unreaped (a zombie), so the kernel names the zombie as the peer
+    (SO_PEERCRED) while this process speaks on the connection."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = os.fork()
+    if child == 0:
+        try:
+            s.connect(sock_path)
+            time.sleep(linger)
+        finally:
+            os._exit(0)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:  # until it is a zombie: state Z in /proc/<pid>/stat
+        stat = Path(f"/proc/{child}/stat").read_bytes()
+        if stat[stat.rfind(b")") + 2:].startswith(b"Z"):
+            break
+        time.sleep(0.01)
+    return s, child
+
+
+def admin_get(sock_path: str, path: str, method: str = "GET", body: str = "", zombie: float | None = None
+              ) -> dict[str, Any]:
+    """``method`` ``path`` (with ``body``) on the admin API at ``sock_path``: the status code and the body. With
+    ``zombie`` the connection is made by a child left a zombie ``zombie`` s after it connected
+    (:func:`zombie_connected`)."""
+    if zombie is not None:
+        s, _ = zombie_connected(sock_path, zombie)
+    else:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(sock_path)
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: arbiterd\r\nConnection: close\r\n\r\n".encode())
+    with s:
+        s.settimeout(10)
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: arbiterd\r\nConnection: close\r\n"
+                  f"Content-Length: {len(body.encode())}\r\n\r\n{body}".encode())
         raw = b""
         while chunk := s.recv(65536):
             raw += chunk
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return {"status": int(head.split()[1]), "body": body.decode(errors="replace")}
+    head, _, answer = raw.partition(b"\r\n\r\n")
+    return {"status": int(head.split()[1]) if head else 0, "body": answer.decode(errors="replace")}
 
 
 def drop_to(uid: int) -> None:
@@ -212,7 +290,12 @@ def main() -> int:
                 conn.send({"op": "register", "id": 1, "gpus": [0], **cmd.get("register", {})})
                 reply(conn.recv())
             elif op == "admin_get":
-                reply(admin_get(cmd["sock"], cmd["path"]))
+                reply(admin_get(cmd["sock"], cmd["path"], cmd.get("method", "GET"), cmd.get("body", ""),
+                                cmd.get("zombie")))
+            elif op == "zombie_connect":
+                zsock, child = zombie_connected(cmd.get("sock", path))
+                conn = Conn(None, zsock)
+                reply({"child": child})
             elif op == "fork_exit":
                 child = os.fork()
                 if child:
@@ -270,6 +353,8 @@ def main() -> int:
                                 pass
                     time.sleep(0.0005)
                 reply({"sent": sent})
+            elif op == "flood_bytes":
+                reply(flood_bytes(flood[: cmd.get("conns", 8)], cmd["seconds"], cmd.get("items", 64)))
             elif op == "work":
                 assert conn is not None
                 reply(work(conn, cmd))

@@ -32,9 +32,17 @@ class Agent:
         containers.place(self.pid, cid)
 
     def call(self, op: str, **kw: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.begin(op, **kw)
+        return self.result()
+
+    def begin(self, op: str, **kw: Any) -> None:
+        """Send the command; :meth:`result` reads its answer (meanwhile the caller may, say, resume a daemon)."""
+        assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.proc.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
             raise ConnectionError(f"agent {self.pid} ended")

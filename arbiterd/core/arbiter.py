@@ -4,7 +4,8 @@ An *instance record* is one container's settings on one GPU (weight, highprio,
 memsize). It is **provisioned** through ``inst_ctl`` by a trusted party (a
 runtime hook, a device plugin, an operator), or made **at the first
 registration** of a client, from the settings it states, only while
-``trust_client_env`` is on (else from the defaults). Provisioned settings always
+``trust_client_env`` is on (else from the defaults), and within what the
+environment may ask (``env_max_weight``, ``env_highprio``). Provisioned settings always
 win; later clients of an instance join its record, so the client socket never
 changes settings. A record without clients lingers ``linger_ns`` (a client that
 reconnects after a restart finds its settings), then goes unless provisioned.
@@ -42,6 +43,7 @@ from arbiterd.core.records import (
     InstanceRecord,
     RegisteredGpu,
     Registration,
+    from_environment,
 )
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import CORE_MAX_INST, GLOBAL, INSTANCE, GlobalSettings, GpuSettings, InstanceSettings
@@ -131,8 +133,8 @@ class Arbiter:
         weight = min(s.weight, sched.free_weight)
         if weight < s.weight:
             msg = (
-                f"GPU {gpu} instance {name}: weight {s.weight} requested but only "
-                f"{sched.free_weight} free; registered with weight {weight}"
+                f"GPU {gpu} instance {name}: weight {s.weight} requested, more than is free; registered with "
+                f"weight {weight}"
                 + (" and it gets no GPU time until that much is free" if weight == 0 else "")
             )
             log.warning("%s", msg)
@@ -320,6 +322,9 @@ class Arbiter:
                 want = requested.get(gpu, InstanceSettings())
                 if not self.config.trust_client_env or host_uid is not None:
                     want = InstanceSettings()
+                else:
+                    want, cut = from_environment(want, self.config, gpu, instance)
+                    warnings += cut
                 rec, eff, warn = self.create_instance(gpu, instance, want, now, provisioned=False,
                                                       shape_gpu=self.config.clients_shape_gpus,
                                                       creator_uid=creator_uid)
@@ -346,7 +351,7 @@ class Arbiter:
         for gpu in gpus:
             rec = self.records.get((gpu, instance))
             if rec is not None and rec.host_uid is not None and host_uid is not None and rec.host_uid != host_uid:
-                raise IdentityError(f"instance {instance} is provisioned for uid {rec.host_uid}")
+                raise IdentityError(f"instance {instance} is not yours: it is provisioned for another user")
         if self.config.overcommit == "refuse":
             for gpu in new:
                 sched = self.scheds[gpu]

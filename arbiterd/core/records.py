@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.memory import MemoryLedger
+from arbiterd.core.settings import MAX_INST_MAX, InstanceSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,32 @@ class ArbiterConfig:
     overcommit: str = "refuse"  # refuse | queue: a registration where free_weight is 0
     clients_shape_gpus: bool = False  # a client's weight or core percentage may switch a GPU's policy
     max_records_per_uid: int = 64  # records host processes of one uid may have made (0: no cap)
+    # what a container's environment may ask for its own record (the daemon passes its config's; here: no cap)
+    env_max_weight: int = MAX_INST_MAX
+    env_highprio: bool = True
+
+
+def from_environment(want: InstanceSettings, cfg: ArbiterConfig, gpu: int, name: str) -> tuple[InstanceSettings,
+                                                                                                list[str]]:
+    """What a container's own environment may have of ``want`` for its record of ``name`` on ``gpu``: a weight (or
+    a core percentage, weight P/5) of at most ``env_max_weight``, and high priority only where ``env_highprio``;
+    with a warning for what was cut. Memory limits are its own to state."""
+    notes: list[str] = []
+    out = dataclasses.replace(want)
+    cap = cfg.env_max_weight
+    if out.core_percent and out.weight > cap:
+        notes.append(f"GPU {gpu} instance {name}: core {out.core_percent} % asked by the container's environment; "
+                     f"it may ask for at most {cap * 5} % (client_env_max_weight {cap}); an operator grants more")
+        out = dataclasses.replace(out, core_percent=cap * 5)
+    elif not out.core_percent and out.weight > cap:
+        notes.append(f"GPU {gpu} instance {name}: weight {out.weight} asked by the container's environment; it may "
+                     f"ask for at most {cap} (client_env_max_weight); an operator grants more")
+        out.weight = cap
+    if out.highprio and not cfg.env_highprio:
+        notes.append(f"GPU {gpu} instance {name}: high priority asked by the container's environment; only an "
+                     f"operator or an allocation grants it (client_env_highprio off)")
+        out.highprio = 0
+    return out, notes
 
 
 OVERCOMMIT = ("refuse", "queue")

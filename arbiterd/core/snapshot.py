@@ -11,6 +11,23 @@ returned warnings, and everything else is kept. Items for GPUs this host does
 not have now (a card out for repair, a driver that failed to load) are kept
 aside as they were and written back by every later snapshot, so no operator's
 setting is lost while its GPU is away.
+
+Where two items do not both fit (weights over max_inst, a record twice), the
+one restored first stays, so operator state goes first: instance records an
+operator provisioned (``"provisioned": true``: made by ``inst_ctl``, or from an
+allocation that ``alloc_ctl`` made), then allocations, then the records clients
+made, each group in file order. A client-made record that conflicts with an
+operator's is the one skipped, wherever the file puts it. Allocations are
+checked only against each other today, so their place beside the records
+decides nothing yet; it is between the two so that any check added across them
+keeps the operator's side ahead of the clients'.
+
+Every number of the file is an integer exactly as :func:`take` writes it
+(:func:`_int`): a bool (Python's bool is an int, so ``"gpu": true`` would be
+GPU 1) or a float is refused, for every field, before a setting's own check
+sees it (that check takes a bool for a flag's 0 or 1 from the daemon's own
+callers).
+The wire refuses them in ``cgpu_protocol``, and the settings tree parses text.
 """
 
 from __future__ import annotations
@@ -21,7 +38,7 @@ from typing import Any
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.errors import CoreError, SettingError
 from arbiterd.core.names import valid_instance_id
-from arbiterd.core.settings import GLOBAL, GPU, INSTANCE
+from arbiterd.core.settings import GLOBAL, GPU, INSTANCE, Setting
 
 log = logging.getLogger("arbiterd.core")
 STATE_VERSION = 1
@@ -65,7 +82,7 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
     warnings: list[str] = []
     for k, spec in GLOBAL.items():
         try:
-            arb.set_global(k, doc.get(k, spec.default))
+            arb.set_global(k, _int(k, doc.get(k, spec.default), spec))
         except _BAD as exc:
             warnings.append(f"state: {k} skipped ({_why(exc)})")
     gpus = doc.get("gpus", {})
@@ -75,28 +92,51 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
     for key, vals in gpus.items():
         warnings += _restore_gpu(arb, key, vals, now)
     items = doc.get("instances", [])
-    for item in items if isinstance(items, list) else []:
+    records = items if isinstance(items, list) else []
+    warnings += _restore_records(arb, [i for i in records if _provisioned(i)], now)
+    allocs = doc.get("allocations", [])
+    warnings += _restore_allocations(arb, allocs if isinstance(allocs, list) else [])
+    warnings += _restore_records(arb, [i for i in records if not _provisioned(i)], now)
+    if arb.absent:
+        log.warning("state: settings of GPU(s) %s are kept for when the GPU is back: this host does not have it "
+                    "now", ", ".join(sorted(arb.absent.gpu_names())))
+    return warnings
+
+
+def _provisioned(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("provisioned") is True
+
+
+def _restore_records(arb: Arbiter, items: list[Any], now: int) -> list[str]:
+    warnings = []
+    for item in items:
         try:
-            gpu = int(item["gpu"])
+            gpu = _int("gpu", item["gpu"])
             if gpu not in arb.scheds:
                 arb.absent.instances.append(item)
                 continue
             _restore_record(arb, gpu, item, now)
         except _BAD as exc:
             warnings.append(f"state: instance record {_label(item)} skipped ({_why(exc)})")
-    allocs = doc.get("allocations", [])
+    return warnings
+
+
+def _restore_allocations(arb: Arbiter, items: list[Any]) -> list[str]:
+    warnings = []
     totals = {g: info.total_mem for g, info in arb.gpus.items()}
-    for item in allocs if isinstance(allocs, list) else []:
+    for item in items:
         try:
-            if any(int(g) not in totals for g in item["gpus"]):
+            if any(_int("gpus", g) not in totals for g in item["gpus"]):
                 arb.absent.allocations.append(item)
                 continue
+            for m in item["memsize"]:
+                _int("memsize", m)
+            _int("core", item["core"])
+            _int("weight", item.get("weight", 0))
+            _int("highprio", item.get("highprio", 0), INSTANCE["highprio"])
             arb.allocations.restore_one(item, totals)
         except _BAD as exc:
             warnings.append(f"state: allocation {_label(item)} skipped ({_why(exc)})")
-    if arb.absent:
-        log.warning("state: settings of GPU(s) %s are kept for when the GPU is back: this host does not have it "
-                    "now", ", ".join(sorted(arb.absent.gpu_names())))
     return warnings
 
 
@@ -115,7 +155,7 @@ def _restore_gpu(arb: Arbiter, key: Any, vals: Any, now: int) -> list[str]:
     for k, spec in GPU.items():  # in table order: slice_min_ms is put back before slice_max_ms
         if k in vals:
             try:
-                sched.set(k, spec.check(vals[k]), now)
+                sched.set(k, _int(k, vals[k], spec), now)
             except _BAD as exc:
                 warnings.append(f"state: GPU {gpu} {k} skipped ({_why(exc)})")
     return warnings
@@ -125,22 +165,34 @@ def _restore_record(arb: Arbiter, gpu: int, item: dict[str, Any], now: int) -> N
     name = valid_instance_id(item["id"])
     weight = item["weight"]
     if weight == 0 and type(weight) is int:  # admitted while free_weight was 0 (overcommit = queue)
-        requested = INSTANCE["weight"].check(item["requested"])
+        requested = _int("requested", item["requested"], INSTANCE["weight"])
     else:
-        weight = requested = INSTANCE["weight"].check(weight, arb.scheds[gpu].settings.max_inst)
+        weight = requested = _int("weight", weight, INSTANCE["weight"], arb.scheds[gpu].settings.max_inst)
     uid, creator = item.get("uid"), item.get("creator_uid")
-    for v in (uid, creator):
-        if v is not None and (type(v) is not int or v < 0):
-            raise SettingError(f"a uid is a number >= 0, got {v!r}")
+    for key, v in (("uid", uid), ("creator_uid", creator)):
+        if v is not None and _int(key, v) < 0:
+            raise SettingError(f"{key}: a uid is a number >= 0, got {v!r}")
     if type(item["provisioned"]) is not bool:
-        raise SettingError(f"provisioned: expected true or false, got {item['provisioned']!r}")
-    arb.restore_record(gpu, name, weight, requested, INSTANCE["highprio"].check(item["highprio"]),
-                       INSTANCE["memsize"].check(item["memsize"]), item["provisioned"], uid, creator, now)
+        raise SettingError(f"provisioned: expected true or false, got {item['provisioned']!r:.40}")
+    arb.restore_record(gpu, name, weight, requested, _int("highprio", item["highprio"], INSTANCE["highprio"]),
+                       _int("memsize", item["memsize"], INSTANCE["memsize"]), item["provisioned"], uid, creator,
+                       now)
+
+
+def _int(key: str, value: Any, spec: Setting[int] | None = None, hi: int | None = None) -> int:
+    """A number of the file, as :func:`take` writes it: an integer, never a bool or a float (the one place every
+    number of the file is checked). With the field's setting, that setting's check follows, and text is its to
+    judge (``auto``, an enum's name, ``4GiB``), as a tree write's is; ``hi`` narrows its range."""
+    if spec is not None and isinstance(value, str):
+        return spec.check(value, hi)
+    if type(value) is not int:
+        raise SettingError(f"{key}: expected an integer, got {value!r:.40}")
+    return value if spec is None else spec.check(value, hi)
 
 
 def _label(item: Any) -> str:
     if isinstance(item, dict):
-        return f"{str(item.get('id'))[:60]!r}" + (f" on GPU {item['gpu']}" if "gpu" in item else "")
+        return f"{str(item.get('id'))[:60]!r}" + (f" on GPU {item['gpu']!r:.20}" if "gpu" in item else "")
     return f"{str(item)[:60]!r}"
 
 

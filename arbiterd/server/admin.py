@@ -16,8 +16,10 @@ mount the socket directory into every container they set up, and a tenant
 running as root could otherwise open ``admin.sock`` (mode 0600, root) and
 re-provision its neighbours. Who the peer is comes from the kernel
 (``SO_PEERCRED`` and its cgroup in the host's ``/proc``, read as for clients:
-identity.py, whatever ``identity`` and ``proc_root`` say of clients); a peer
-that cannot be told is refused too.
+identity.py, whatever ``identity`` and ``proc_root`` say of clients), once,
+when it connects (adminconn.py); a peer that cannot be told, or is no longer
+live, is refused too. adminconn.py also caps the connections and closes silent
+ones.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from arbiterd.core.errors import CoreError, IdentityError
+from arbiterd.server.adminconn import AdminConnections
 from arbiterd.server.connection import peer_credentials
 from arbiterd.server.hub import Hub
 from arbiterd.server.identity import IdentityResolver, peer_pidfd
@@ -50,6 +53,7 @@ class Admin:
     registry: CollectorRegistry
     peers: IdentityResolver  # who an admin.sock peer is: from the host's /proc, always by its cgroup
     own_pod: str | None = None  # arbiterd's own pod, where it runs in one: its containers may administer it
+    conns: AdminConnections | None = None  # the live connections, each admin.sock peer told at accept
 
 
 def own_pod(peers: IdentityResolver) -> str | None:
@@ -87,18 +91,25 @@ def _refusal(exc: CoreError) -> web.Response:
 
 @web.middleware
 async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """admin.sock: the peer as the kernel tells it (no container but arbiterd's own pod); TCP: the bearer token."""
+    """admin.sock: the peer as the kernel told it at accept (no container but arbiterd's own pod); TCP: the bearer
+    token. Each answer gives the connection admin_request_timeout_s again (adminconn.py)."""
+    admin = request.app[ADMIN]
     sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None and sock.family == socket.AF_UNIX:
-        why = peer_refusal(request.app[ADMIN], sock)
-        if why is not None:
-            return _text(f"admin API refused: {why}\n", 403)
-    elif sock is not None:
-        token = request.app[ADMIN].token or ""
-        given = request.headers.get("Authorization", "")
-        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return _text("missing or wrong bearer token\n", 401)
-    return await handler(request)
+    conn = admin.conns.get(request.protocol) if admin.conns is not None else None
+    try:
+        if sock is not None and sock.family == socket.AF_UNIX:
+            why = conn.refusal if conn is not None else "who the peer is was not told when it connected"
+            if why is not None:
+                return _text(f"admin API refused: {why}\n", 403)
+        elif sock is not None:
+            token = admin.token or ""
+            given = request.headers.get("Authorization", "")
+            if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return _text("missing or wrong bearer token\n", 401)
+        return await handler(request)
+    finally:
+        if admin.conns is not None:
+            admin.conns.answered(request.protocol)
 
 
 async def get_tree(request: web.Request) -> web.Response:
@@ -134,11 +145,15 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 def make_admin_app(hub: Hub, token: str | None = None) -> web.Application:
+    """The admin app; its server's connections are watched once :meth:`AdminConnections.install` is called on it
+    (the daemon does, after the runner's setup)."""
     app = web.Application(middlewares=[admin_auth], client_max_size=8192)
     registry = CollectorRegistry()
     registry.register(ArbiterCollector(hub))
     peers = IdentityResolver("cgroup", "/proc")
-    app[ADMIN] = Admin(hub, token, registry, peers, own_pod(peers))
+    admin = app[ADMIN] = Admin(hub, token, registry, peers, own_pod(peers))
+    admin.conns = AdminConnections(lambda sock: peer_refusal(admin, sock), lambda: hub.config.max_admin_clients,
+                                   lambda: hub.config.admin_request_timeout_s)
     app.router.add_get(r"/v1/tree{path:(/.*)?}", get_tree)
     app.router.add_put(r"/v1/tree{path:(/.*)?}", put_tree)
     app.router.add_get("/v1/status", get_status)

@@ -19,7 +19,7 @@ from arbiterd.cli.entry import LOG_LEVELS
 from arbiterd.core.arbiter import OVERCOMMIT
 from arbiterd.core.errors import SettingError
 from arbiterd.core.setting import Setting, setting, table
-from arbiterd.core.settings import GLOBAL, GPU, GpuSettings, check_gpu_settings
+from arbiterd.core.settings import GLOBAL, GPU, MAX_INST_MAX, GpuSettings, check_gpu_settings
 from arbiterd.server.realtime import PRIORITY_RANGE
 
 IDENTITY_SOURCES = ("cgroup", "declared")
@@ -88,8 +88,15 @@ class Config:
                                "(<dir>/<allocation-id>/token), read through /proc/<pid>/root", kind="path",
                                expects="an absolute path inside the container", rule=_mount, metavar="DIR")
     trust_client_env: bool = setting(True, "use a container's environment for its own instance when nobody "
-                                     "provisioned it (never for a host process, never beyond its own record)",
-                                     kind="bool")
+                                     "provisioned it (never for a host process, never beyond its own record), within "
+                                     "client_env_max_weight and client_env_highprio", kind="bool")
+    client_env_max_weight: int = setting(1, "the most weight a container's environment may ask for its own instance "
+                                         "(a core percentage counts as weight P/5); more is cut to this, with a "
+                                         "warning. 25 (a GPU's most slots) gives cGPU's behaviour", 1, MAX_INST_MAX,
+                                         "integer", metavar="W")
+    client_env_highprio: bool = setting(False, "let a container's environment ask for high priority for its own "
+                                        "instance (cGPU does); off: only an operator or an allocation grants it",
+                                        kind="bool")
     overcommit: str = setting("refuse", "a registration on a GPU whose free_weight is 0: refuse it with an error, or "
                               "queue it at weight 0 (no GPU time) until the weight it asked for is free",
                               kind="choice", choices=OVERCOMMIT)
@@ -113,6 +120,10 @@ class Config:
                                        restart=True)
     max_clients: int = setting(1024, "connections beyond this are refused with an error", 1, LIMIT, "integer",
                                metavar="N")
+    client_reserve: int = setting(64, "of max_clients, the slots kept for tenants that hold fewer than 4 "
+                                  "connections (at most half of max_clients): however many connections the others "
+                                  "hold, a new tenant still connects",
+                                  0, LIMIT, "integer", metavar="N")
     max_clients_per_uid: int = setting(128, "connections one uid's host processes may hold (root is exempt); beyond "
                                        "it a new one is refused", 1, LIMIT, "integer", metavar="N")
     max_clients_per_instance: int = setting(256, "connections one instance (a container, or a host instance) may "
@@ -120,6 +131,13 @@ class Config:
     max_records_per_uid: int = setting(64, "instance records one uid's host processes may make by registering "
                                        "(root is exempt; provisioned records do not count)", 1, LIMIT, "integer",
                                        metavar="N")
+    max_admin_clients: int = setting(64, "connections the admin API holds at once from the loopback TCP "
+                                     "listener, and apart from them from admin.sock peers it refuses; beyond it a new "
+                                     "one is closed at once (the host's admin.sock peers are never refused)", 1, 4096,
+                                     "integer", metavar="N")
+    admin_request_timeout_s: float = setting(5.0, "close an admin connection that sends no complete request this "
+                                             "long after it connected or after its last answer (s)", 0, 3600,
+                                             "seconds", lo_open=True, metavar="S")
     idle_timeout_s: float = _seconds(30.0, "close a connection that said hello but has not registered this long (s)")
     max_unread_bytes: int = setting(1 << 20, "close a connection whose replies it has not read pass this many bytes "
                                     "(its buffer is freed)", 64 << 10, 1 << 30, "integer", metavar="BYTES")

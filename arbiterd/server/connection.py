@@ -27,7 +27,7 @@ from arbiterd import __version__
 from arbiterd.core.errors import CoreError, IdentityError
 from arbiterd.server.hub import Hub
 from arbiterd.server.identity import Peer, peer_pidfd
-from arbiterd.server.intake import REGISTER_COST, STATS_COST, Account
+from arbiterd.server.intake import BYTES_PER_REQUEST, REGISTER_COST, STATS_COST, Account
 
 _EAGER_BYTES = 4096  # a read up to this size is decoded whole; a longer one frame by frame
 _PEERCRED = struct.Struct("3i")
@@ -52,7 +52,7 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.transport: asyncio.Transport | None = None
-        self.decoder = p.Decoder()
+        self.decoder = p.Decoder.for_requests()
         self.encoder = p.Encoder()
         self.cid = 0
         self.pid = 0
@@ -73,7 +73,6 @@ class ClientConnection(asyncio.Protocol):
         sock = self.transport.get_extra_info("socket")
         self.pid, self.uid, _ = peer_credentials(sock)
         hub = self.hub
-        hub.recent.saw(self.pid)  # managed from now, whether or not it is let in (arbiterd/server/watch.py)
         try:
             self.peer = hub.identity.peer(self.pid, self.uid, peer_pidfd(sock))
         except IdentityError as exc:
@@ -125,42 +124,47 @@ class ClientConnection(asyncio.Protocol):
         path, and the count costs it an addition."""
         if self.closed:
             return
-        frames: Iterable[Any]
-        if backlog is not None:
-            frames = backlog
-        elif self._backlog is not None:  # requests still wait for their turn: these queue behind them, undecoded
-            self._backlog = itertools.chain(self._backlog, self.decoder.stream(data))
-            return
-        elif len(data) > _EAGER_BYTES:  # many requests at once: decoded one by one, as the tenant's turn allows
-            frames = self.decoder.stream(data)
-        else:
-            try:
-                frames = self.decoder.feed(data)  # the grant path: a frame or two, decoded in one call
-            except p.ProtocolError as exc:
-                self._bad_frame(exc)
-                return
         hub = self.hub
         acct, intake = self.account, hub.intake
         if acct.turn != intake.turn:  # a new turn: its count starts again
             acct.turn, acct.used = intake.turn, 0
         used, limit = acct.used, intake.limit
+        decoder = self.decoder
+        whole = decoder.whole  # where the frames decoded here begin: each is charged by its size
+        frames: Iterable[Any]
+        if backlog is not None:
+            frames = backlog
+        elif self._backlog is not None:  # requests still wait for their turn: these queue behind them, undecoded
+            self._backlog = itertools.chain(self._backlog, decoder.stream(data))
+            return
+        elif used >= limit or len(data) > _EAGER_BYTES:  # decoded one by one, as the tenant's turn allows
+            frames = decoder.stream(data)
+        else:
+            try:
+                frames = decoder.feed(data)  # the grant path: a frame or two, decoded in one call
+            except p.ProtocolError as exc:
+                self._bad_frame(exc)
+                return
         it = iter(frames)
-        if used >= limit:  # its turn is spent already: all of these wait, undecoded if they came in bulk
+        if used >= limit:  # its turn is spent already: all of these wait, undecoded
             self._defer(it)
             return
         last = self.arrived_ns
         try:
             for raw in it:
                 self.arrived_ns = time.monotonic_ns()
-                used += 1
+                used += 1 + (decoder.whole - whole) // BYTES_PER_REQUEST  # what decoding it cost, by its size
+                whole = decoder.whole
                 try:
                     msg = p.decode(raw, p.C2S)
                 except p.ProtocolError as exc:
                     if exc.code == "bad_frame" or not self.greeted:
                         raise
-                    self.send(p.Error(exc.code, exc.message, p.request_id(raw)))
-                    continue
-                if not self.greeted:
+                    self.send(p.Error(exc.code, exc.message, p.request_id(raw)))  # answered, and counted below
+                    msg = None
+                if msg is None:
+                    pass
+                elif not self.greeted:
                     self.greet(msg)
                 elif type(msg) is p.Bye:
                     self.close()
@@ -204,7 +208,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._backlog = None
-        self.hub.recent.saw(self.pid)
+        if self.instance is not None:  # it stays managed for a grace while it reconnects (server/watch.py)
+            self.hub.recent.saw(self.pid)
         if self.cid:
             self.hub.detach(self.cid)
 
@@ -245,7 +250,7 @@ class ClientConnection(asyncio.Protocol):
             self.fail("version", f"no common protocol version: daemon speaks {list(p.SUPPORTED_VERSIONS)}")
             return
         self.greeted = True
-        self.send(p.Welcome(max(common), f"arbiterd/{__version__}", p.MAX_MESSAGE, "CLOCK_MONOTONIC"))
+        self.send(p.Welcome(max(common), f"arbiterd/{__version__}", p.MAX_REQUEST, "CLOCK_MONOTONIC"))
 
 
 # requests that cost the daemon much more than a grant, and count as that many more (intake.py)

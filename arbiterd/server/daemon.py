@@ -21,9 +21,10 @@ from typing import Any
 from aiohttp import web
 
 from arbiterd import __version__
+from arbiterd.server import limits
 from arbiterd.server import reload as reload_mod
 from arbiterd.server import status as status_mod
-from arbiterd.server.admin import make_admin_app
+from arbiterd.server.admin import ADMIN, make_admin_app
 from arbiterd.server.config import DEFAULT_CLIENT_MODE, DEFAULT_SOCKET_GROUP, Config
 from arbiterd.server.connection import ClientConnection
 from arbiterd.server.devices import discover
@@ -68,6 +69,9 @@ def client_access(cfg: Config) -> tuple[int, int | None]:
 class Daemon:
     def __init__(self, config: Config, flags: dict[str, Any] | None = None) -> None:
         self.flags = flags or {}
+        short = limits.shortfall(config)
+        if short is not None:
+            raise StartupError(short)
         self.hub = Hub(config, discover(config.sim_gpus), StateStore(config.state_dir))
         self.notifier = Notifier()
         self._servers: list[asyncio.AbstractServer] = []
@@ -110,8 +114,12 @@ class Daemon:
             log.info("using %d socket(s) passed by the service manager: %s", len(passed), ", ".join(passed))
         self._servers.append(await loop.create_unix_server(self._connection, sock=client_sock))
         token = load_token(Path(cfg.state_dir) / "admin.token") if cfg.admin_listen else None
-        runner = web.AppRunner(make_admin_app(self.hub, token), access_log=None, handle_signals=False)
+        app = make_admin_app(self.hub, token)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
+        conns = app[ADMIN].conns
+        assert runner.server is not None and conns is not None
+        conns.install(runner.server)  # each admin.sock peer told at accept; connections capped and timed
         self._admin_runner = runner
         await web.SockSite(runner, admin_sock).start()
         if cfg.admin_listen:
@@ -141,6 +149,7 @@ class Daemon:
             await asyncio.sleep(1.0)
             self.hub.sample()
             self._drop_stalled()
+            self.hub.recent.prune(time.monotonic_ns())  # per-pid bookkeeping is bounded by time, with or without NVML
             beat += 1
             if beat % 5 == 0:
                 self.notifier.send(self.status_line())

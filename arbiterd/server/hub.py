@@ -51,6 +51,7 @@ STATS_GPU_FIELDS = frozenset({"index", "uuid", "name", "simulated", "total_mem",
                               *GPU})
 NO_REPLY: tuple[p.Message, ...] = ()
 NO_TIMER = -1  # an outcome that cannot move any deadline: the timer is not looked at
+RESERVE_EACH = 4  # a tenant holding fewer connections than this may take one of the client_reserve slots
 STATE_ROOM = 4096  # what one admin write may add to the state file, at most (tried before it is made)
 
 
@@ -83,7 +84,8 @@ def arbiter_config(cfg: Config) -> ArbiterConfig:
     """What the core takes from the daemon's config (also applied again on reload)."""
     return ArbiterConfig(trust_client_env=cfg.trust_client_env, default_memsize=default_memsize(cfg),
                          linger_ns=cfg.linger_s * NS_PER_S, allocations=cfg.allocations, overcommit=cfg.overcommit,
-                         clients_shape_gpus=cfg.identity == "declared", max_records_per_uid=cfg.max_records_per_uid)
+                         clients_shape_gpus=cfg.identity == "declared", max_records_per_uid=cfg.max_records_per_uid,
+                         env_max_weight=cfg.client_env_max_weight, env_highprio=cfg.client_env_highprio)
 
 
 def new_arbiter(cfg: Config, gpus: list[GpuInfo], now: int) -> Arbiter:
@@ -113,14 +115,20 @@ class Hub:
         self._timer_at: int | None = None
         self.containment = Containment(time.monotonic_ns())  # NVML's view of what bypasses cgpu (server/watch.py)
         self.watcher: Watcher | None = None
-        self.recent = RecentClients()  # who connected to arbiter.sock lately: managed, registered or not
+        self.recent = RecentClients()  # who held a registered connection lately: managed, though it closed
 
     # ----------------------------------------------------------- clients
     def admit(self, who: identity.Peer) -> tuple[str, str] | None:
         """Why a new connection of ``who`` is refused, as (reason, one line); None: it is let in."""
         cfg = self.config
+        held = self.by_container[who.container] if who.container is not None else self.by_uid[who.uid]
         if len(self.peers) >= cfg.max_clients:
             return "busy", f"too many clients: the daemon allows {cfg.max_clients}"
+        reserve = min(cfg.client_reserve, cfg.max_clients // 2)
+        if len(self.peers) >= cfg.max_clients - reserve and held >= RESERVE_EACH:
+            return "busy", (f"too many clients: the shared connections are taken, and the last {reserve} of "
+                            f"max_clients are kept for tenants holding fewer than {RESERVE_EACH}; {who.tenant} holds "
+                            f"{held}")
         if who.container is not None:
             n = self.by_container[who.container]
             if n >= cfg.max_clients_per_instance:
@@ -195,6 +203,8 @@ class Hub:
         reg, effects = arb.register(client.cid, instance, gpus, requested, time.monotonic_ns(),
                                     host_uid=ident.host_uid, creator_uid=counted)
         client.instance = instance
+        if not getattr(client, "proxy", False):  # a throttle's proxy stands for an offender: it manages nothing
+            self.recent.saw(client.pid)  # managed from now: it holds a registered connection (server/watch.py)
         if client.peer.container is None:  # a host process counts against its instance's cap from now on
             self.by_instance[instance] += 1
         for w in reg.warnings:
@@ -450,7 +460,7 @@ class Hub:
             log.info("reload: %s %s -> %s", name, setting.format(before), setting.format(after))
         acfg, fresh = self.arbiter.config, arbiter_config(new)
         for name in ("trust_client_env", "linger_ns", "allocations", "overcommit", "clients_shape_gpus",
-                     "max_records_per_uid"):
+                     "max_records_per_uid", "env_max_weight", "env_highprio"):
             setattr(acfg, name, getattr(fresh, name))
         if new.default_memsize != old.default_memsize:
             self.arbiter.set_global("default_memsize", default_memsize(new))

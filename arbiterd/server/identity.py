@@ -5,8 +5,14 @@ reads that PID's cgroup (under an injectable /proc). The read is guarded
 against a reused PID: the kernel's pidfd for the peer (``SO_PEERPIDFD``,
 Linux 6.5+) pins the process while its cgroup is read, and elsewhere the
 process's start time must predate the accept and be the same before and after
-the read. A peer whose cgroup cannot be read (it exited, the PID was reused,
-/proc is hidden) is refused: it is never taken for a host process. A cgroup
+the read. The process must also be *live* once its cgroup has been read: not a
+zombie, not dead, and not exiting (``/proc/<pid>/stat``'s state and
+``PF_EXITING``). On cgroup v1 the kernel shows an exiting task's cgroups as
+``/``, and a pidfd still answers for a zombie, so a container child that
+connected and exited unreaped would otherwise pass for a host process while
+its parent spoke on the connection. A peer whose cgroup cannot be read (it
+exited, the PID was reused, it is leaving, /proc is hidden) is refused: it is
+never taken for a host process. A cgroup
 named after a container counts only if root made it (cgroups.py): a user
 cannot name a cgroup of its own after a container and become it.
 
@@ -94,18 +100,42 @@ def pod_uid_from_cgroup(text: str) -> str | None:
     return None
 
 
-def start_time(pid: int) -> int | None:
-    """Process ``pid``'s start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), None if gone."""
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """What ``/proc/<pid>/stat`` says of a process that identity depends on."""
+
+    state: str  # field 3: R, S, D, ... ; Z (a zombie) and X (dead) are no longer the process that connected
+    flags: int  # field 9: the kernel's PF_* flags
+    started: int  # field 22: its start time in clock ticks since boot
+
+    @property
+    def live(self) -> bool:
+        """Neither dead, a zombie, nor exiting: on cgroup v1 the kernel shows an exiting task's cgroups as ``/``
+        (``cgroup_exit`` runs in ``do_exit`` after ``PF_EXITING`` is set, and before the task is a zombie)."""
+        return self.state not in "ZXx" and not self.flags & PF_EXITING
+
+
+PF_EXITING = 0x00000004  # include/linux/sched.h: "getting shut down"
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Process ``pid``'s state, flags and start time (``/proc/<pid>/stat``), None if it is gone."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             text = f.read()
     except OSError:
         return None
     fields = text[text.rfind(b")") + 2:].split()  # the name in brackets may hold spaces and brackets
-    try:
-        return int(fields[19])  # field 22; these start at field 3
+    try:  # these start at field 3
+        return ProcStat(fields[0].decode("ascii", "replace"), int(fields[6]), int(fields[19]))
     except (IndexError, ValueError):
         return None
+
+
+def start_time(pid: int) -> int | None:
+    """Process ``pid``'s start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), None if gone."""
+    st = proc_stat(pid)
+    return st.started if st is not None else None
 
 
 def boot_ticks() -> int:
@@ -170,9 +200,12 @@ class IdentityResolver:
             text = self._cgroup(pid)
         except OSError as exc:
             raise IdentityError(f"pid {pid}: its cgroup cannot be read ({exc.strerror or exc})") from None
-        same = _alive(pidfd) if pidfd is not None else start_time(pid) == before
-        if not same:
+        after = proc_stat(pid)  # read after the cgroup: a process that is live now was live while it was read
+        if after is None or after.started != before or (pidfd is not None and not _alive(pidfd)):
             raise IdentityError(f"pid {pid} exited (or its PID was reused) while its cgroup was read")
+        if not after.live:
+            raise IdentityError(f"pid {pid} is exiting or a zombie (state {after.state}): a process that is leaving "
+                                f"no longer shows its cgroup, so who it is cannot be told")
         cid, pod = container_of(text, self.fs)
         return Peer(pid, uid, cid, pod, before)
 
@@ -193,7 +226,7 @@ class IdentityResolver:
             if declared is not None and declared not in (peer.container, short):
                 raise IdentityError(f"pid {peer.pid} is in container {short}; it may not act as {declared}")
             if provisioned_uid(short) is not None:
-                raise IdentityError(f"instance {short} is provisioned for host uid {provisioned_uid(short)}; "
+                raise IdentityError(f"instance {short} is not yours: it is provisioned for a host user, and "
                                     f"container {short} may not use it")
             return Identity(short, peer.container, peer.pod)
         if self.host_clients == "refuse":
@@ -205,7 +238,7 @@ class IdentityResolver:
         owner = provisioned_uid(declared)
         if owner == peer.uid or (owner is None and declared == own):
             return Identity(declared, host_uid=peer.uid)
-        why = (f"it is provisioned for uid {owner}" if owner is not None
+        why = ("it is not yours: it is provisioned for another user" if owner is not None
                else f"a host process may act only as {own} or an instance provisioned for uid {peer.uid} "
                     f"(inst_ctl create {declared} uid={peer.uid})")
         raise IdentityError(f"pid {peer.pid} (uid {peer.uid}) is not in a container; it may not act as "

@@ -11,6 +11,15 @@ cost is bounded however many connections it floods from, and a request of a
 quiet tenant waits at most one turn per busy tenant. Alone, a busy tenant is
 served turn after turn: nothing is slowed that nobody waits for.
 
+What a request costs to decode counts too: a frame counts as one request more
+for every ``BYTES_PER_REQUEST`` bytes it holds (every item decoded takes at
+least a byte, so this bounds the items as well), and a client's frames are
+capped at what its largest request needs (``MAX_REQUEST``, 8 KiB; maps of 16
+keys, arrays of 64 items). So a tenant's turn decodes at most about 16 KiB
+however its frames are made: a frame of thousands of empty maps counts as the
+dozens of requests it costs, not as one. A tenant whose turn is spent has its
+bytes queued undecoded.
+
 Requests are counted, not timed: a count costs the grant path an addition, a
 clock read per request far more (every request is cheap but ``stats``, counted
 as ``STATS_COST`` and answered from a status at most 100 ms old, and
@@ -28,6 +37,7 @@ from collections import deque
 from typing import Protocol
 
 LIMIT = 64  # requests one tenant may have handled per turn of the loop: a short turn, so a quiet tenant waits little
+BYTES_PER_REQUEST = 256  # a frame counts one request more for each this many bytes (a grant path frame: none more)
 STATS_COST = 8  # a stats request counts as this many
 REGISTER_COST = 16  # and a register: it may read allocation tokens in the container and try a bind on a copy
 

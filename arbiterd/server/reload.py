@@ -8,6 +8,7 @@ from typing import Any
 
 from arbiterd.core.errors import CoreError
 from arbiterd.server import config as config_mod
+from arbiterd.server import limits
 from arbiterd.server.config import OPTIONS
 from arbiterd.server.hub import Hub
 
@@ -24,6 +25,10 @@ def reload(hub: Hub, flags: dict[str, Any]) -> bool:
         new = config_mod.load(old.source, flags)
     except CoreError as exc:
         log.error("reload refused, keeping the running config: %s", exc)
+        return False
+    short = limits.shortfall(new)
+    if short is not None:
+        log.error("reload refused, keeping the running config: %s", short)
         return False
     for name, s in OPTIONS.items():
         if s.restart and getattr(new, name) != getattr(old, name):

@@ -55,29 +55,36 @@ def root_run(base: Path) -> bool:
     return proc.st_uid == 0 and exe.st_uid == 0 and not exe.st_mode & 0o022
 
 
-CLIENT_GRACE_NS = 30 * NS_PER_S  # a process that connected to arbiter.sock this lately counts as managed
+CLIENT_GRACE_NS = 30 * NS_PER_S  # a process that held a registered connection this lately counts as managed
 
 Key = tuple[int, "int | None"]  # a process: its pid and its start time (boot ticks), told from a later user of the pid
 
 
 class RecentClients:
-    """The processes that connected to arbiter.sock in the last ``CLIENT_GRACE_NS``: registered, refused or closed.
+    """The processes that held a registered connection to arbiter.sock in the last ``CLIENT_GRACE_NS``.
 
-    The shim connects at its first launch, allocation or memory query, after its CUDA context exists; a client the
-    daemon refused keeps its context and retries. Either is a client of cgpu, not work that bypasses it."""
+    Managed means registered: a process is a client of cgpu while it holds a registered connection (the hub's
+    peers), and for this grace after its last one closed, while it reconnects (a daemon restart, a dropped
+    connection: the shim's backoff is at most 2 s). A connection that was refused, or never registered, changes
+    nothing: a process that only connects now and then is work that bypasses cgpu, and is contained as such.
+    Entries past the grace are dropped by :meth:`prune`, which the daemon calls every second."""
 
     def __init__(self) -> None:
-        self.seen: dict[Key, int] = {}  # (pid, start time) -> when it last connected or closed (ns)
+        self.seen: dict[Key, int] = {}  # (pid, start time) -> when it last registered or closed a registered one (ns)
 
     def saw(self, pid: int, now: int | None = None) -> None:
-        """Process ``pid`` connected, or its connection closed, at ``now``."""
+        """Process ``pid`` registered a connection, or closed a registered one, at ``now``."""
         if pid > 0:
             self.seen[(pid, start_time(pid))] = time.monotonic_ns() if now is None else now
 
-    def keys(self, now: int) -> set[Key]:
-        """The processes seen within the grace window before ``now`` (older ones are forgotten)."""
+    def prune(self, now: int) -> None:
+        """Forget the processes last seen more than the grace before ``now``."""
         for key in [k for k, t in self.seen.items() if now - t > CLIENT_GRACE_NS]:
             del self.seen[key]
+
+    def keys(self, now: int) -> set[Key]:
+        """The processes seen within the grace window before ``now`` (older ones are forgotten)."""
+        self.prune(now)
         return set(self.seen)
 
 

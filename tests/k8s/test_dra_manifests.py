@@ -127,8 +127,9 @@ def test_the_admission_policy_confines_every_slice_write_of_the_plugin_to_its_no
     """The ValidatingAdmissionPolicy matches every write verb the role grants on resourceslices, for requests of
     the plugin's service account alone; it requires the token's node name, spec.nodeName equal to it, and
     spec.driver == gpu.cgpu.io; its binding denies what fails."""
-    (policy,) = of_kind("ValidatingAdmissionPolicy")
-    (binding,) = of_kind("ValidatingAdmissionPolicyBinding")
+    (policy,) = [p for p in of_kind("ValidatingAdmissionPolicy") if p["metadata"]["name"] == "cgpu-dra-resourceslices"]
+    (binding,) = [b for b in of_kind("ValidatingAdmissionPolicyBinding")
+                  if b["spec"]["policyName"] == policy["metadata"]["name"]]
     (sa,) = of_kind("ServiceAccount")
     spec = policy["spec"]
     (rule,) = spec["matchConstraints"]["resourceRules"]

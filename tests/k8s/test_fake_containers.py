@@ -18,7 +18,7 @@ PROG = str(Path(__file__).with_name("container_prog.py"))
 
 
 def test_arbiterd_identifies_a_fake_container_from_its_fake_proc_entries(node: Node) -> None:
-    with DaemonProc(node.root / "d", "--sim-gpus", "2x16GiB", "--identity", "cgroup",
+    with DaemonProc(node.root / "d", "--sim-gpus", "2x16GiB", "--identity", "cgroup", "--client-env-max-weight", "25",
                     "--proc-root", str(node.kubelet.proc_root)) as daemon:
         node.start_plugin(socket_dir=str(daemon.run_dir))
         pod = node.kubelet.admit("a", [{MEM: 4, CORE: 30}])
@@ -27,6 +27,6 @@ def test_arbiterd_identifies_a_fake_container_from_its_fake_proc_entries(node: N
         assert code == 0, err
         reply = json.loads(out)
         assert reply["op"] == "registered" and reply["instance"] == rc.cid[:12]
-        # today's daemon trusts the environment of an instance nobody provisioned: 30 % is weight 6
+        # the daemon, told to trust an environment up to weight 25 (cGPU's way), takes 30 % as weight 6
         assert reply["gpus"][0]["gpu"] == 0 and reply["gpus"][0]["weight"] == 6
         assert reply["gpus"][0]["mem_limit"] == 4 << 30

@@ -217,7 +217,8 @@ def test_slow_clients_are_timed_out(daemon_factory: type, short_tmp: Path) -> No
 
 
 def test_connection_flood_beyond_max_clients_is_refused(daemon_factory: type) -> None:
-    d = daemon_factory.start("--sim-gpus", "1x1GiB", "--max-clients", "10", "--identity", "declared")
+    d = daemon_factory.start("--sim-gpus", "1x1GiB", "--max-clients", "10", "--identity", "declared",
+                             "--client-reserve", "0")  # one tenant may take every slot
     held = []
     for _ in range(10):
         c = RawClient(d.sock)
@@ -260,7 +261,7 @@ def test_socket_of_a_dead_daemon_is_reclaimed(short_tmp: Path) -> None:
 
 
 def test_a_register_with_a_core_percentage_off_the_grid_is_refused(daemon_factory: type) -> None:
-    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--identity", "declared")
+    d = daemon_factory.start("--sim-gpus", "1x16GiB", "--identity", "declared", "--client-env-max-weight", "25")
     for bad in (0, 33, 105, "30"):
         c = RawClient(d.sock)
         reply = c.hello_register("pct", core_percent=bad)

@@ -13,7 +13,7 @@ GIB = 1024**3
 def test_a_client_cannot_switch_a_gpu_or_starve_the_next_tenant(cast: Cast) -> None:
     """core=100 on an unused GPU used to put it on policy 3 with max_inst 20 and leave the next container at
     weight 0. Now the GPU keeps its settings, the client is told, and the next container runs."""
-    d = cast.daemon("--sim-gpus", "1x4GiB")
+    d = cast.daemon("--sim-gpus", "1x4GiB", "--client-env-max-weight", "25")
     grabber = cast.agent(d, cid=cast.containers.new_id())
     reply = grabber.register(core_percent=100)
     assert reply["op"] == "registered" and reply["gpus"][0]["weight"] == 16  # all that is free, no more
@@ -29,7 +29,7 @@ def test_a_client_cannot_switch_a_gpu_or_starve_the_next_tenant(cast: Cast) -> N
 
 
 def test_a_weight_request_shapes_only_the_clients_own_record(cast: Cast) -> None:
-    d = cast.daemon("--sim-gpus", "1x4GiB")
+    d = cast.daemon("--sim-gpus", "1x4GiB", "--client-env-max-weight", "25")
     reply = cast.agent(d, cid=cast.containers.new_id()).register(weight=3, memsize=[GIB])
     assert reply["gpus"][0]["weight"] == 3 and reply["gpus"][0]["mem_limit"] == GIB
     assert d.ctl("cat", "0/policy").stdout == "1\n"  # weight > 1 no longer switches policy 1 to 2 from a client
@@ -38,7 +38,8 @@ def test_a_weight_request_shapes_only_the_clients_own_record(cast: Cast) -> None
 
 
 def test_the_queue_overcommit_admits_at_weight_0_and_raises_it_when_weight_is_free(cast: Cast) -> None:
-    d = cast.daemon("--sim-gpus", "1x4GiB", "--overcommit", "queue", "--max-inst", "2")
+    d = cast.daemon("--sim-gpus", "1x4GiB", "--overcommit", "queue", "--max-inst", "2",
+                    "--client-env-max-weight", "25")
     first = cast.agent(d, cid=cast.containers.new_id())
     assert first.register(weight=2)["gpus"][0]["weight"] == 2
     late_id = cast.containers.new_id()
@@ -48,6 +49,23 @@ def test_the_queue_overcommit_admits_at_weight_0_and_raises_it_when_weight_is_fr
     assert d.ctl("echo", "1", "0/max_inst").returncode != 0  # not below the weights: the queued one has none
     assert d.ctl("echo", "3", "0/max_inst").returncode == 0
     assert d.ctl("cat", f"0/{late_id[:12]}/weight").stdout == "1\n"
+
+
+def test_a_containers_environment_gets_at_most_the_default_weight_and_no_high_priority(cast: Cast) -> None:
+    """Before: with trust_client_env on, an unprovisioned container took weight 14 beside a provisioned weight-2
+    victim, 87 % of the GPU, and the next container was refused. At the defaults its environment may ask for the
+    default weight and no high priority; an operator who wants cGPU's way raises the caps."""
+    d = cast.daemon("--sim-gpus", "1x4GiB")
+    victim = cast.containers.new_id()
+    assert d.ctl("echo", f"create {victim[:12]} weight=2", "inst_ctl").returncode == 0
+    greedy = cast.agent(d, cid=cast.containers.new_id()).register(weight=14, highprio=1, memsize=[GIB])
+    assert (greedy["gpus"][0]["weight"], greedy["gpus"][0]["highprio"], greedy["gpus"][0]["mem_limit"]) == (1, 0, GIB)
+    assert any("client_env_max_weight" in w for w in greedy["warnings"]), greedy
+    assert any("client_env_highprio off" in w for w in greedy["warnings"]), greedy
+    assert cast.agent(d, cid=cast.containers.new_id()).register()["op"] == "registered"  # room for the next
+    cgpu = cast.daemon("--sim-gpus", "1x4GiB", "--client-env-max-weight", "25", "--client-env-highprio", sub="cgpu")
+    took = cast.agent(cgpu, cid=cast.containers.new_id()).register(weight=14, highprio=1)
+    assert (took["gpus"][0]["weight"], took["gpus"][0]["highprio"]) == (14, 1)  # cGPU's behaviour, when asked for
 
 
 def test_provisioning_survives_sigterm_kill_9_and_a_bad_record(cast: Cast) -> None:

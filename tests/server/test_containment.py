@@ -191,23 +191,41 @@ def test_an_executable_on_the_allow_list_exempts_no_container(daemon_factory: An
         containers.cleanup()
 
 
-def test_a_process_that_connected_to_arbiter_sock_lately_is_managed_registered_or_not(
+_REGISTER_THEN_CLOSE = (
+    "import socket, sys, time, msgpack\n"
+    "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+    "if sys.argv[2] == 'register':\n"
+    "    u = msgpack.Unpacker()\n"
+    "    for m in ({'op': 'hello', 'versions': [1], 'client': 't'},\n"
+    "              {'op': 'register', 'id': 1, 'instance': None, 'gpus': [0]}):\n"
+    "        s.sendall(msgpack.packb(m)); u.feed(s.recv(65536)); print(next(u)['op'], flush=True)\n"
+    "s.close()\n"
+    "print('closed', flush=True); time.sleep(60)\n")
+
+
+def test_managed_means_registered_a_process_that_only_connects_is_not(
         daemon_factory: Any, nvml: FakeNvml, sleeper: subprocess.Popen[bytes]) -> None:
-    """The shim connects at its first launch or allocation, after its context exists, and a refused client keeps
-    its context: a process that connected within CLIENT_GRACE_NS is not killed; one that never connected is."""
+    """A process that held a registered connection within CLIENT_GRACE_NS is managed (it reconnects after a restart
+    or a dropped connection): not killed. One that only connects, and one that never connected, are not: a
+    handshake now and then must not shield GPU work from ``unmanaged = kill`` (before: a process that connected
+    every 10 s was still alive at 27 s)."""
     d = start(daemon_factory, nvml, "--unmanaged", "kill")
-    client = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
-                               "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.close()\n"
-                               "print('closed', flush=True); time.sleep(60)\n", d.sock], stdout=subprocess.PIPE)
+    procs = {how: subprocess.Popen([sys.executable, "-c", _REGISTER_THEN_CLOSE, d.sock, how], stdout=subprocess.PIPE)
+             for how in ("register", "connect")}
     try:
-        assert client.stdout is not None and client.stdout.readline() == b"closed\n"
+        for how, proc in procs.items():
+            assert proc.stdout is not None
+            lines = [proc.stdout.readline() for _ in range(3 if how == "register" else 1)]
+            assert lines[-1] == b"closed\n" and (how == "connect" or lines[:2] == [b"welcome\n", b"registered\n"])
         wait_for(lambda: d.status()["uptime_seconds"] > START_GRACE_NS / 1e9, timeout=10)
-        nvml.run(client.pid, 300 * MIB)
-        nvml.run(sleeper.pid, 300 * MIB)
+        for proc in (*procs.values(), sleeper):
+            nvml.run(proc.pid, 300 * MIB)
         wait_for(lambda: sleeper.poll() is not None)  # the one that never connected
+        wait_for(lambda: procs["connect"].poll() is not None)  # the one that only connected
         time.sleep(5 * POLL_MS / 1000)
-        assert client.poll() is None
-        assert client.pid not in [u["pid"] for u in gpu0(d)["unmanaged_processes"]]
+        assert procs["register"].poll() is None
+        assert procs["register"].pid not in [u["pid"] for u in gpu0(d)["unmanaged_processes"]]
     finally:
-        client.kill()
-        client.wait()
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()

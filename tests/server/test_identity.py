@@ -52,7 +52,7 @@ def test_a_containerised_process_is_its_container(tmp_path: Path) -> None:
 
 def test_a_container_cannot_use_an_instance_provisioned_for_a_host_uid(tmp_path: Path) -> None:
     r = IdentityResolver("cgroup", fake_proc(tmp_path, ME, f"0::/system.slice/docker-{CID}.scope"))
-    with pytest.raises(IdentityError, match="provisioned for host uid 1000"):
+    with pytest.raises(IdentityError, match="not yours: it is provisioned for a host user"):
         r.identify(r.peer(ME, 0), None, lambda name: 1000)
 
 
@@ -64,7 +64,7 @@ def test_a_host_process_is_its_uid_or_an_instance_provisioned_for_it(tmp_path: P
     assert (r.identify(peer, None).instance, r.identify(peer, None).host_uid) == ("uid-1000", 1000)
     owners = {"dev": 1000, "theirs": 1001}
     assert r.identify(peer, "dev", owners.get).instance == "dev"
-    with pytest.raises(IdentityError, match="it is provisioned for uid 1001"):
+    with pytest.raises(IdentityError, match="it is not yours: it is provisioned for another user"):
         r.identify(peer, "theirs", owners.get)
     for other in (CID[:12], "uid-1001", "job-a", "uid-10000", "uid-1000.train"):  # one instance a uid, no more
         with pytest.raises(IdentityError, match=f"not in a container; it may not act as {other}"):
