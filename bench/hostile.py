@@ -7,9 +7,11 @@ arbiterd runs at its defaults on two simulated GPUs, started by hand; the one se
 An operator puts GPU 0 on policy 2 with ``max_inst`` 2. A victim container (weight 1) works there beside a
 container that lies about every lease (90 ms of warm-up and 20 ms of transit claimed each time), at 1:1; a second
 process of the victim measures its round trip (a memory query every 2 ms). First the victim runs alone, then beside
-the liar while the floods run (connections, requests, replies never read, idle greetings) on GPU 1; the one-shot
-attacks (identity, GPU shaping, names, planted files) run before, each against a daemon of its own where it needs
-one. Last the daemon is killed with SIGKILL and started again, then again after a bad record was put in its state
+the liar while the floods run (connections, requests, requests costly to decode, replies never read, idle
+greetings) on GPU 1; the one-shot attacks (identity, zombies on both sockets, GPU shaping, names, planted files,
+connection slots and descriptors across tenants, idle admin TCP connections, environment greed, containment evaded
+by a handshake) run before, each against a daemon of its own where it needs one.
+Last the daemon is killed with SIGKILL and started again, then again after a bad record was put in its state
 file: the operator's settings must all be back.
 
 Host attackers run as ``nobody``; containers are real cgroups when this runs as root, else a fake /proc
@@ -26,6 +28,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -107,6 +111,17 @@ def one_shots(b: Battery, d: DaemonProc, victim: str) -> None:
     b.attempt("plant admin.token", "host user", lambda: _planted_token(b))
     b.attempt("a symlink at the socket's path", "host user", lambda: _symlink(b))
     b.attempt("a frame that is not msgpack", "container", lambda: _bad_frame(b, d))
+    b.attempt("connect from a child left a zombie, then register as the host (arbiter.sock)", "container",
+              lambda: _zombie_client(b))
+    b.attempt("connect to admin.sock from a child left a zombie, then provision weight=8 highprio=1", "container",
+              lambda: _zombie_admin(b))
+    b.attempt("four containers hold all the connections they may; a fifth and root's cgpuctl come later "
+              "(descriptor soft limit 1024)", "container", lambda: _slots(b))
+    b.attempt("hold 1006 idle TCP connections to the admin listener", "host user", lambda: _admin_tcp(b))
+    b.attempt("a weight of 14 and high priority from its environment, beside a provisioned weight-2 victim",
+              "container", lambda: _greed(b))
+    b.attempt("connect to arbiter.sock every 10 s, never registering, to pass for managed (unmanaged = kill, "
+              "memory_enforce = kill)", "container", lambda: _handshake(b))
 
 
 def _records(b: Battery, d: DaemonProc) -> tuple[bool, str]:
@@ -227,6 +242,131 @@ def _bad_frame(b: Battery, d: DaemonProc) -> tuple[bool, str]:
     return b"bad_frame" in answer and other == "ok", f"that connection closed (bad_frame); another answered {other}"
 
 
+def _zombie_client(b: Battery) -> tuple[bool, str]:
+    d = b.daemon("--sim-gpus", GPUS, "--allocations", "required", sub="zombie")
+    attacker = b.agent(d, cid=b.containers.new_id())
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        attacker.call("zombie_connect")  # the child connected and exited unreaped before the accept
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    first = attacker.call("recv")
+    d.stop()
+    return refused_with(first, "identity")
+
+
+def _zombie_admin(b: Battery) -> tuple[bool, str]:
+    d = b.daemon("--sim-gpus", GPUS, sub="zombie-admin")
+    attacker = b.agent(d, cid=b.containers.new_id())
+    put = {"sock": d.admin, "path": "/v1/tree/inst_ctl", "method": "PUT", "body": "create stolen weight=8 highprio=1"}
+    after = attacker.call("admin_get", zombie=0.3, **put)  # a zombie once accepted
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        attacker.begin("admin_get", zombie=0.0, **put)  # a zombie before the accept
+        time.sleep(0.5)
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    before = attacker.result()
+    made = "stolen" in d.ctl("cat", "inst_ctl").stdout
+    d.stop()
+    ok = after["status"] == before["status"] == 403 and not made
+    return ok, f"{after['status']} and {before['status']}: {before['body'].strip()[:90]}"
+
+
+def _slots(b: Battery) -> tuple[bool, str]:
+    """At the defaults (1024 clients, 256 a container, 64 in reserve), under a soft descriptor limit of 1024."""
+    limit = ("import os, resource, sys\nresource.setrlimit(resource.RLIMIT_NOFILE, (1024, 65536))\n"
+             "os.execv(sys.argv[1], sys.argv[1:])\n")
+    d = DaemonProc(b.tmp / "slots", *b.containers.daemon_args(), "--sim-gpus", GPUS,
+                   wrap=[sys.executable, "-c", limit])
+    b.daemons.append(d)
+    d.start()
+    held = [b.agent(d, cid=b.containers.new_id()).call("flood_connect", n=260)["open"] for _ in range(4)]
+    fifth = b.agent(d, cid=b.containers.new_id()).register()
+    root = d.ctl("cat", "0/policy")
+    d.stop()
+    ok = fifth.get("op") == "registered" and root.returncode == 0
+    return ok, (f"held {'+'.join(map(str, held))} = {sum(held)}; the fifth {fifth.get('op')}, root's cgpuctl "
+                f"{'answered' if root.returncode == 0 else 'refused: ' + root.stderr.strip()[:60]}")
+
+
+def _admin_tcp(b: Battery) -> tuple[bool, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = b.daemon("--sim-gpus", GPUS, "--admin-listen", f"127.0.0.1:{port}", sub="admin-tcp")
+    conns = []
+    for _ in range(1006):
+        try:
+            conns.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        except OSError:
+            break
+    time.sleep(0.5)
+    held = sum(_still_open(c) for c in conns)
+    root = d.ctl("cat", "0/policy").returncode == 0
+    time.sleep(Config().admin_request_timeout_s + 1)
+    left = sum(_still_open(c) for c in conns)
+    for c in conns:
+        c.close()
+    d.stop()
+    return (held <= Config().max_admin_clients and left == 0 and root,
+            f"{len(conns)} connected, {held} held (max_admin_clients {Config().max_admin_clients}), {left} left "
+            f"after admin_request_timeout_s; root's cgpuctl {'answered' if root else 'refused'}")
+
+
+def _still_open(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def _greed(b: Battery) -> tuple[bool, str]:
+    d = b.daemon("--sim-gpus", GPUS, sub="greed")
+    victim = b.containers.new_id()
+    assert d.ctl("echo", f"create {victim[:12]} weight=2", "inst_ctl").returncode == 0
+    greedy = b.agent(d, cid=b.containers.new_id()).register(weight=14, highprio=1)
+    nxt = b.agent(d, cid=b.containers.new_id()).register()
+    d.stop()
+    g = greedy["gpus"][0]
+    return ((g["weight"], g["highprio"]) == (1, 0) and nxt.get("op") == "registered",
+            f"registered at weight {g['weight']}, highprio {g['highprio']}; the next container {nxt.get('op')}")
+
+
+def _handshake(b: Battery) -> tuple[bool, str]:
+    from bench.containment import daemon as nvml_daemon
+    from cgpu_testing.nvml import FakeNvml
+
+    nvml = FakeNvml(b.tmp / "nvml.ctl")
+    d = nvml_daemon(b.tmp / "handshake", nvml, b.containers, "--unmanaged", "kill", "--memory-enforce", "kill",
+                    "--nvml-poll-ms", "100")
+    b.daemons.append(d)
+    assert d.ctl("echo", "1GiB", "default_memsize").returncode == 0
+    knock = ("import socket, sys, time\n"
+             "while True:\n"
+             "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.close(); time.sleep(10)\n")
+    proc = subprocess.Popen([sys.executable, "-c", knock, d.sock])
+    b.containers.place(proc.pid, b.containers.new_id())
+    try:
+        time.sleep(0.3)
+        nvml.run(proc.pid, int(2.8 * (1 << 30)))
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        d.stop()
+    return took < 10, f"killed {took:.2f} s after NVML showed it (2.8 GiB against 1 GiB)"
+
+
 def share_phase(b: Battery, d: DaemonProc, victim: str, seconds: float) -> dict[str, Any]:
     """The victim alone, then beside the liar under the floods."""
     work = b.agent(d, cid=victim)
@@ -260,6 +400,11 @@ def share_phase(b: Battery, d: DaemonProc, victim: str, seconds: float) -> dict[
     b.record("flood requests from 20 connections", "host user", p99 <= 5.0,
              f"{floods.sent} requests in {seconds - 1:.0f} s, served in turns: the victim's round trip p99 "
              f"{p99:.2f} ms")
+    costly = floods.results["bytes"]
+    b.record("flood requests of 4 160 empty maps each (4.3 KiB) from 8 connections", "container",
+             p99 <= 5.0 and costly["closed"] == 0,
+             f"{costly['sent']} sent, each counted by its bytes in its tenant's turn: the victim's round trip p99 "
+             f"{p99:.2f} ms")
     b.record("claim 90 ms of warm-up and 20 ms of transit on every lease", "container", share >= 49.0,
              f"the victim did {share:.2f} % of the work the two did (the liar gains at most 2 points)")
     return {"victim_ops": v, "liar_ops": li, "victim_share_pct": round(share, 2),
@@ -283,6 +428,7 @@ class Floods:
         self.conns = b.agent(d, uid=NOBODY - 3)  # each flood from a uid of its own: a cap is per uid
         self.requests = b.agent(d, uid=NOBODY - 1)
         self.hog = b.agent(d, cid=b.containers.new_id())
+        self.costly = b.agent(d, cid=b.containers.new_id())  # requests costly to decode, from a container
         self.idle = b.agent(d, uid=NOBODY - 2)
         self.threads: list[threading.Thread] = []
         self.sent = 0
@@ -296,6 +442,11 @@ class Floods:
         self.results["idle"] = self.idle.call("flood_connect", n=10)
         assert self.requests.call("flood_connect", n=20)["open"] == 20
         assert self.hog.call("flood_connect", n=1)["open"] == 1
+        assert self.costly.call("flood_connect", n=8)["open"] == 8
+        t = threading.Thread(target=self._run, args=("bytes", self.costly, "flood_bytes"),
+                             kwargs={"seconds": self.seconds - 1, "conns": 8})
+        t.start()
+        self.threads.append(t)
         for name, agent, kw in (
                 ("requests", self.requests, {"seconds": self.seconds - 1, "conns": 20, "gpu": 1}),
                 ("unread", self.hog, {"seconds": 5.0, "conns": 1, "gpu": 1, "read": False})):
@@ -353,7 +504,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cfg.max_clients_per_uid}, max_clients_per_instance {cfg.max_clients_per_instance}, "
                 f"max_records_per_uid {cfg.max_records_per_uid}, idle_timeout_s {cfg.idle_timeout_s:g}, "
                 f"max_unread_bytes {cfg.max_unread_bytes}, overcommit {cfg.overcommit}, trust_client_env "
-                f"{'on' if cfg.trust_client_env else 'off'}, identity {cfg.identity}, host_clients {cfg.host_clients}")
+                f"{'on' if cfg.trust_client_env else 'off'} (client_env_max_weight {cfg.client_env_max_weight}, "
+                f"client_env_highprio {'on' if cfg.client_env_highprio else 'off'}), client_reserve "
+                f"{cfg.client_reserve}, max_admin_clients {cfg.max_admin_clients}, identity {cfg.identity}, "
+                f"host_clients {cfg.host_clients}")
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-hostile-", dir="/tmp"))
     b = Battery(tmp)
     try:

@@ -92,7 +92,8 @@ class Config:
                                      "client_env_max_weight and client_env_highprio", kind="bool")
     client_env_max_weight: int = setting(1, "the most weight a container's environment may ask for its own instance "
                                          "(a core percentage counts as weight P/5); more is cut to this, with a "
-                                         "warning. 25 (a GPU's most slots) gives cGPU's behaviour", 1, MAX_INST_MAX,
+                                         "warning. 25 (a GPU's most slots) gives cGPU's behaviour; identity = declared "
+                                         "trusts the environment whole", 1, MAX_INST_MAX,
                                          "integer", metavar="W")
     client_env_highprio: bool = setting(False, "let a container's environment ask for high priority for its own "
                                         "instance (cGPU does); off: only an operator or an allocation grants it",

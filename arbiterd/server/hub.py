@@ -31,7 +31,7 @@ from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
 from arbiterd.core.containment import Containment
 from arbiterd.core.effects import NS_PER_S, Effect, GrantLease
 from arbiterd.core.errors import BusyError, CoreError, IdentityError, NotFoundError
-from arbiterd.core.settings import GPU, INSTANCE, InstanceSettings
+from arbiterd.core.settings import GPU, INSTANCE, MAX_INST_MAX, InstanceSettings
 from arbiterd.server import identity, status, tokens
 from arbiterd.server.config import Config, default_memsize
 from arbiterd.server.counters import Counters
@@ -82,10 +82,13 @@ class Peer(Protocol):
 
 def arbiter_config(cfg: Config) -> ArbiterConfig:
     """What the core takes from the daemon's config (also applied again on reload)."""
+    declared = cfg.identity == "declared"
     return ArbiterConfig(trust_client_env=cfg.trust_client_env, default_memsize=default_memsize(cfg),
                          linger_ns=cfg.linger_s * NS_PER_S, allocations=cfg.allocations, overcommit=cfg.overcommit,
-                         clients_shape_gpus=cfg.identity == "declared", max_records_per_uid=cfg.max_records_per_uid,
-                         env_max_weight=cfg.client_env_max_weight, env_highprio=cfg.client_env_highprio)
+                         clients_shape_gpus=declared, max_records_per_uid=cfg.max_records_per_uid,
+                         # identity = declared (development hosts) trusts what a client says, its environment too
+                         env_max_weight=MAX_INST_MAX if declared else cfg.client_env_max_weight,
+                         env_highprio=declared or cfg.client_env_highprio)
 
 
 def new_arbiter(cfg: Config, gpus: list[GpuInfo], now: int) -> Arbiter:
