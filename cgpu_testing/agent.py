@@ -35,6 +35,8 @@ It reads one JSON command per line on stdin and answers each with one JSON line 
                                            -> {"status": code, "body": "..."}: M (default GET) P on the admin socket
                                               A (HTTP/1.1); with Z (seconds) the connection is made by a child
                                               that exits Z s later, left a zombie, before the request is sent
+    {"op": "flood_unread", "n": N, "gpu": G} -> {"conns": k}: every flood connection sends N registers naming
+                                              GPU G at once, and never reads a reply
     {"op": "flood_bytes", "seconds": S, "conns": N, "items": K}
                                            -> {"sent": n, "frame_bytes": b, "closed": k}: the flood connections send
                                               requests costly to decode (K arrays of K empty maps in one key)
@@ -353,6 +355,18 @@ def main() -> int:
                                 pass
                     time.sleep(0.0005)
                 reply({"sent": sent})
+            elif op == "flood_unread":  # every flood connection sends N registers naming GPU G, reading no reply
+                frames = msgpack.packb({"op": "register", "id": 7, "instance": None, "gpus": [cmd["gpu"]]}) * cmd["n"]
+                pending = {id(c): memoryview(frames) for c in flood}
+                for c in flood:
+                    c.sock.setblocking(False)
+                end = time.monotonic() + cmd.get("seconds", 3.0)
+                while any(len(v) for v in pending.values()) and time.monotonic() < end:
+                    for c in flood:
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            pending[id(c)] = pending[id(c)][c.sock.send(pending[id(c)]):]
+                    time.sleep(0.001)
+                reply({"conns": len(flood), "unsent": sum(len(v) for v in pending.values())})
             elif op == "flood_bytes":
                 reply(flood_bytes(flood[: cmd.get("conns", 8)], cmd["seconds"], cmd.get("items", 64)))
             elif op == "work":

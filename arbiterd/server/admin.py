@@ -96,19 +96,23 @@ async def admin_auth(request: web.Request, handler: Handler) -> web.StreamRespon
     admin = request.app[ADMIN]
     sock = request.transport.get_extra_info("socket") if request.transport else None
     conn = admin.conns.get(request.protocol) if admin.conns is not None else None
+    refused: web.Response | None = None
+    if sock is not None and sock.family == socket.AF_UNIX:
+        why = conn.refusal if conn is not None else "who the peer is was not told when it connected"
+        if why is not None:
+            refused = _text(f"admin API refused: {why}\n", 403)
+    elif sock is not None:
+        token = admin.token or ""
+        given = request.headers.get("Authorization", "")
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            refused = _text("missing or wrong bearer token\n", 401)
+    if refused is not None:  # answered, and the connection closed: a refused peer holds nothing by asking again
+        refused.force_close()
+        return refused
     try:
-        if sock is not None and sock.family == socket.AF_UNIX:
-            why = conn.refusal if conn is not None else "who the peer is was not told when it connected"
-            if why is not None:
-                return _text(f"admin API refused: {why}\n", 403)
-        elif sock is not None:
-            token = admin.token or ""
-            given = request.headers.get("Authorization", "")
-            if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _text("missing or wrong bearer token\n", 401)
         return await handler(request)
     finally:
-        if admin.conns is not None:
+        if admin.conns is not None:  # an authorised answer gives the connection admin_request_timeout_s again
             admin.conns.answered(request.protocol)
 
 

@@ -29,6 +29,7 @@ from arbiterd.server.hub import Hub
 from arbiterd.server.identity import Peer, peer_pidfd
 from arbiterd.server.intake import BYTES_PER_REQUEST, REGISTER_COST, STATS_COST, Account
 
+UNREAD_MARK = 64 << 10  # replies unread past which a connection's requests wait (backpressure)
 _EAGER_BYTES = 4096  # a read up to this size is decoded whole; a longer one frame by frame
 _PEERCRED = struct.Struct("3i")
 
@@ -60,6 +61,8 @@ class ClientConnection(asyncio.Protocol):
         self.peer = Peer(0, -1)
         self.instance: str | None = None  # set by register
         self.greeted = False
+        self.greeted_ns = 0  # when its hello was answered
+        self.backed_up_since = 0  # when its unread replies passed UNREAD_MARK (0: they have not)
         self.closed = False
         self._backlog: Iterator[Any] | None = None  # requests read but left for the next turn (intake.py)
         self.account = Account()  # its tenant's count of requests in this turn (shared once it is let in)
@@ -89,27 +92,52 @@ class ClientConnection(asyncio.Protocol):
             hub.counters.refused[reason] += 1
             self.fail("busy", message)
             return
-        self.transport.set_write_buffer_limits(high=hub.config.max_unread_bytes)
+        mark = min(UNREAD_MARK, hub.config.max_unread_bytes)
+        self.transport.set_write_buffer_limits(high=mark, low=mark // 4)
         self.account = hub.intake.account(self.peer.tenant)
         self.cid = hub.attach(self)
 
     def pause_writing(self) -> None:
-        """The replies this client has not read passed ``max_unread_bytes``: it is closed, its buffer freed."""
+        """The replies this client has not read passed ``UNREAD_MARK``: its requests wait, unread, until it reads
+        (backpressure), so a connection holds at most about that much of the daemon's memory in replies. One that
+        stays so ``frame_timeout_s`` (the daemon's housekeeping), or whose replies still pass ``max_unread_bytes``
+        (effects it did not ask for), is closed and its buffer freed."""
+        if self.closed or self.transport is None:
+            return
+        self.backed_up_since = time.monotonic_ns()
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        """It read its replies: its requests are served again (those left waiting, at its tenant's next turn)."""
+        self.backed_up_since = 0
+        if self.closed or self.transport is None:
+            return
+        if self._backlog is not None:
+            self.hub.intake.defer(self)
+        else:
+            self.transport.resume_reading()
+
+    def unread(self) -> None:
+        """Close it for replies left unread: past ``max_unread_bytes``, or backed up too long."""
         if self.closed or self.transport is None:
             return
         self.hub.client_log.log(f"unread {self.peer.tenant}", logging.WARNING,
-                                "client %d (pid %d): more than %d bytes of replies unread; closing", self.cid,
-                                self.pid, self.hub.config.max_unread_bytes)
+                                "client %d (pid %d): replies unread (more than %d bytes, or for long); closing",
+                                self.cid, self.pid, self.hub.config.max_unread_bytes)
         self.hub.counters.refused["unread"] += 1
         self.closed = True
         self._backlog = None
         self.transport.abort()
 
-    def resume_writing(self) -> None:
-        pass
+    def backed_up_for_ns(self, now_ns: int) -> int:
+        """How long its replies have stood past ``UNREAD_MARK`` unread (0: they do not)."""
+        return now_ns - self.backed_up_since if self.backed_up_since else 0
 
     def resume(self) -> None:
-        """Intake's next turn: serve the requests left over, then read again."""
+        """Intake's next turn: serve the requests left over, then read again (not while its replies stand unread:
+        :meth:`resume_writing` puts it back in the queue)."""
+        if self.backed_up_since:
+            return
         backlog, self._backlog = self._backlog, None
         if self.closed or backlog is None:
             return
@@ -178,6 +206,9 @@ class ClientConnection(asyncio.Protocol):
                         self.send(p.Error(exc.code, exc.message, getattr(msg, "id", None)))
                 if self.closed:
                     return
+                if self.backed_up_since:  # its replies stand unread: what is left waits until it reads them
+                    self._backlog = it
+                    return
                 if used >= limit:  # its turn is spent: what is left (perhaps nothing) waits
                     self._defer(it)
                     return
@@ -209,14 +240,17 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self._backlog = None
         if self.instance is not None:  # it stays managed for a grace while it reconnects (server/watch.py)
-            self.hub.recent.saw(self.pid)
+            self.hub.recent.saw(self.pid, started=self.peer.started)
         if self.cid:
             self.hub.detach(self.cid)
 
     # sending ---------------------------------------------------------------
     def send(self, msg: p.Message) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(self.encoder.frame(msg.to_wire()))
+        transport = self.transport
+        if transport is not None and not self.closed:
+            transport.write(self.encoder.frame(msg.to_wire()))
+            if self.backed_up_since and transport.get_write_buffer_size() > self.hub.config.max_unread_bytes:
+                self.unread()
 
     def fail(self, code: str, message: str) -> None:
         self.send(p.Error(code, message))
@@ -232,9 +266,10 @@ class ClientConnection(asyncio.Protocol):
         return now_ns - self.partial_since_ns if self.partial_since_ns and self._backlog is None else 0
 
     def idle_for_ns(self, now_ns: int) -> int:
-        """How long a greeted connection has sent nothing without registering (0: it registered, or has not
-        said hello: the handshake timeout covers that)."""
-        return now_ns - self.arrived_ns if self.greeted and self.instance is None else 0
+        """How long a greeted connection has gone without registering since its hello was answered (0: it
+        registered, or has not said hello: the handshake timeout covers that). Requests sent meanwhile do not
+        count: a connection that chats without registering holds its slot no longer."""
+        return now_ns - self.greeted_ns if self.greeted and self.instance is None else 0
 
     # requests ----------------------------------------------------------------
     def greet(self, msg: p.Message) -> None:
@@ -250,6 +285,7 @@ class ClientConnection(asyncio.Protocol):
             self.fail("version", f"no common protocol version: daemon speaks {list(p.SUPPORTED_VERSIONS)}")
             return
         self.greeted = True
+        self.greeted_ns = time.monotonic_ns()
         self.send(p.Welcome(max(common), f"arbiterd/{__version__}", p.MAX_REQUEST, "CLOCK_MONOTONIC"))
 
 

@@ -115,7 +115,10 @@ class Daemon:
         self._servers.append(await loop.create_unix_server(self._connection, sock=client_sock))
         token = load_token(Path(cfg.state_dir) / "admin.token") if cfg.admin_listen else None
         app = make_admin_app(self.hub, token)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # an admin request is a path, a token and at most 4 KiB of body: headers past these are refused (400)
+        # before any token is checked, so a local user cannot make the daemon hold aiohttp's 1 MiB a request
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, max_line_size=2048, max_field_size=2048,
+                               max_headers=32)
         await runner.setup()
         conns = app[ADMIN].conns
         assert runner.server is not None and conns is not None
@@ -169,6 +172,8 @@ class Daemon:
                 quiet(f"partial {peer.peer.tenant}", logging.INFO, "client %d (pid %d): partial frame for %.1f s; "
                       "closing", peer.cid, peer.pid, cfg.frame_timeout_s)
                 peer.fail("bad_frame", "frame timed out")
+            elif peer.backed_up_for_ns(now) > cfg.frame_timeout_s * 1e9:
+                peer.unread()  # its replies stood unread past UNREAD_MARK that long: closed, its buffer freed
             elif peer.idle_for_ns(now) > cfg.idle_timeout_s * 1e9:
                 quiet(f"idle {peer.peer.tenant}", logging.INFO, "client %d (pid %d): said hello but did not "
                       "register within %.1f s; closing", peer.cid, peer.pid, cfg.idle_timeout_s)

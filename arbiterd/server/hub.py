@@ -207,7 +207,8 @@ class Hub:
                                     host_uid=ident.host_uid, creator_uid=counted)
         client.instance = instance
         if not getattr(client, "proxy", False):  # a throttle's proxy stands for an offender: it manages nothing
-            self.recent.saw(client.pid)  # managed from now: it holds a registered connection (server/watch.py)
+            # managed from now: it holds a registered connection (server/watch.py)
+            self.recent.saw(client.pid, started=client.peer.started)
         if client.peer.container is None:  # a host process counts against its instance's cap from now on
             self.by_instance[instance] += 1
         for w in reg.warnings:
@@ -268,9 +269,11 @@ class Hub:
             if ref in self.arbiter.scheds:
                 return ref
         else:
+            number = int(ref) if ref.isascii() and ref.isdigit() and len(ref) <= 6 else None
             for g in self.gpus:
-                if g.uuid == ref or (ref.isdigit() and int(ref) == g.index):
+                if g.uuid == ref or number == g.index:
                     return g.index
+            ref = ref if len(ref) <= 64 else f"{ref[:64]}... ({len(ref)} characters)"
         raise NotFoundError(f"no GPU {ref!r} on this host")
 
     def _bind(self, who: identity.Peer, ident: Identity) -> binding.Bound | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import stat
@@ -59,6 +60,14 @@ def _read_token(dirfd: int, name: str, scan: TokenScan) -> None:
         _close(sub)
 
 
+def _first_names(fd: int, n: int) -> list[str]:
+    """The first ``n`` names of the directory open as ``fd``, in the order the file system lists them: read
+    lazily and never sorted, so a container that fills its directory with a million entries costs the loop one
+    batch of ``getdents``, not the whole listing."""
+    with os.scandir(fd) as it:
+        return [entry.name for entry in itertools.islice(it, n)]
+
+
 def scan(proc_root: str | Path, pid: int, mount: str) -> TokenScan:
     """The token digests under ``mount`` (an absolute path) in process ``pid``'s root."""
     out = TokenScan()
@@ -69,7 +78,7 @@ def scan(proc_root: str | Path, pid: int, mount: str) -> TokenScan:
             nxt = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nxt
-        names = sorted(os.listdir(fd))
+        names = _first_names(fd, MAX_ENTRIES + 1)
     except OSError as exc:
         if exc.errno != errno.ENOENT:  # a container with no allocation dir is normal
             out.skipped.append(f"{mount}: {exc.strerror or exc}")
@@ -79,7 +88,7 @@ def scan(proc_root: str | Path, pid: int, mount: str) -> TokenScan:
         for name in names[:MAX_ENTRIES]:
             _read_token(fd, name, out)
         if len(names) > MAX_ENTRIES:
-            out.skipped.append(f"{mount}: {len(names) - MAX_ENTRIES} entries beyond the first {MAX_ENTRIES}")
+            out.skipped.append(f"{mount}: more entries than the first {MAX_ENTRIES}, which alone are read")
     finally:
         os.close(fd)
     return out

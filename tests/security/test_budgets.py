@@ -138,3 +138,56 @@ def test_a_flood_of_requests_costly_to_decode_costs_its_sender_by_their_bytes(ca
     big = cast.agent(d, cid=cast.containers.new_id())
     assert big.call("flood_connect", n=1)["open"] == 1
     assert big.call("flood_bytes", seconds=0.5, conns=1, items=4096)["closed"] == 1
+
+
+def _admin_tcp_daemon(cast: Cast, *args: str) -> tuple[object, int, str]:
+    port = _free_port()
+    d = cast.daemon("--sim-gpus", "1x1GiB", "--admin-listen", f"127.0.0.1:{port}", *args)
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    token = (d.state_dir / "admin.token").read_text().strip()  # type: ignore[attr-defined]
+    return d, port, token
+
+
+def _ask(s: socket.socket, token: str | None, extra: str = "") -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    s.settimeout(5)
+    s.sendall(f"GET /v1/tree/0/policy HTTP/1.1\r\nHost: x\r\n{auth}{extra}\r\n".encode())
+    return s.recv(65536)
+
+
+def test_refused_admin_requests_close_their_connection_so_asking_again_holds_no_slot(cast: Cast) -> None:
+    """The red team held all 64 TCP slots with a request without the token every 0.3 s: each 401 gave the
+    connection admin_request_timeout_s again, and operators holding the token were reset 10 times in 10. Now a
+    refusal closes its connection, and only an authorised answer renews the time."""
+    _d, port, token = _admin_tcp_daemon(cast, "--max-admin-clients", "8", "--admin-request-timeout-s", "2")
+    time.sleep(2.5)  # the probe's connection is gone
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+    try:
+        for s in held:
+            assert _ask(s, None).startswith(b"HTTP/1.1 401")
+        time.sleep(0.3)
+        assert not any(_open(s) for s in held)  # each closed with its refusal
+        with socket.create_connection(("127.0.0.1", port)) as op:
+            answer = _ask(op, token)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\n1\n"), answer
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_admin_request_headers_are_bounded_before_the_token_is_checked(cast: Cast) -> None:
+    """aiohttp takes 128 headers of 8 KiB by default: 64 connections of such headers, never finished, took the
+    daemon from 45 to 173 MiB before any token was read. An admin request needs a path and a token: headers are
+    bounded at 32, of 2 KiB each."""
+    _, port, token = _admin_tcp_daemon(cast)
+    for extra in ("X-Pad: " + "a" * 3000 + "\r\n", "".join(f"X-{i}: a\r\n" for i in range(40))):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            assert _ask(s, token, extra).split(b" ", 2)[1] == b"400"  # aiohttp answers a bad head as HTTP/1.0
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        assert _ask(s, token, "X-Pad: " + "a" * 1000 + "\r\n").startswith(b"HTTP/1.1 200")
