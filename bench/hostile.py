@@ -43,6 +43,7 @@ from bench import results
 from cgpu_testing.cast import Agent, Cast, forge_container
 from cgpu_testing.containers import IS_ROOT, NOBODY, remove_cgroups
 from cgpu_testing.daemon import DaemonProc
+from cgpu_testing.tools import still_open
 
 GPUS = "2x16GiB"
 LIE = {"claim_warmup_ns": 90_000_000, "claim_transit_ns": 20_000_000}
@@ -103,7 +104,8 @@ def one_shots(b: Battery, d: DaemonProc, victim: str) -> None:
               lambda: refused_with(b.agent(d, cid=b.containers.new_id()).register(victim[:12]), "identity"))
     b.attempt("shed its identity: connect, fork, exit", "container", lambda: _shed(b))
     b.attempt("switch an unused GPU to policy 3 (core=100)", "container", lambda: _shape(b))
-    b.attempt("take all free weight, leaving the next at weight 0", "container", lambda: _fill(b))
+    b.attempt("take all free weight, leaving the next at weight 0 (client_env_max_weight 25)", "container",
+              lambda: _fill(b))
     b.attempt("an id with a trailing newline", "container",
               lambda: refused_with(b.agent(d, uid=NOBODY).register("uid-65534\n"), "bad_request"))
     b.attempt("plant the run dir (owned by another user)", "host user", lambda: _planted_dir(b, "owned"))
@@ -149,14 +151,10 @@ def _shed(b: Battery) -> tuple[bool, str]:
     d = b.daemon("--sim-gpus", GPUS, sub="shed")
     cid = b.containers.new_id()
     shedder = b.agent(d, cid=cid)
-    assert d.proc is not None
-    os.kill(d.proc.pid, signal.SIGSTOP)
-    try:
+    with d.stopped():
         shedder.call("connect")
         shedder.call("fork_exit")
         shedder.proc.wait(5)
-    finally:
-        os.kill(d.proc.pid, signal.SIGCONT)
     first = shedder.call("recv")
     d.stop()
     return refused_with(first, "identity")
@@ -164,22 +162,24 @@ def _shed(b: Battery) -> tuple[bool, str]:
 
 def _shape(b: Battery) -> tuple[bool, str]:
     d = b.daemon("--sim-gpus", GPUS, sub="shape")
-    b.agent(d, cid=b.containers.new_id()).register(core_percent=100)
+    grab = b.agent(d, cid=b.containers.new_id()).register(core_percent=100)
     policy, max_inst = d.ctl("cat", "0/policy").stdout.strip(), d.ctl("cat", "0/max_inst").stdout.strip()
     late = b.agent(d, cid=b.containers.new_id()).register()
     d.stop()
-    return ((policy, max_inst) == ("1", "16") and late.get("op") == "error",
-            f"the GPU kept policy {policy} and max_inst {max_inst}; the next container was told: "
-            f"{str(late.get('message'))[:60]}")
+    took = grab["gpus"][0]["weight"]
+    return ((policy, max_inst) == ("1", "16") and late.get("op") == "registered",
+            f"the GPU kept policy {policy} and max_inst {max_inst}; the grabber got weight {took} "
+            f"(client_env_max_weight); the next container {late.get('op')}")
 
 
 def _fill(b: Battery) -> tuple[bool, str]:
-    d = b.daemon("--sim-gpus", GPUS, sub="fill")
+    """With the environment trusted as cGPU trusts it (client_env_max_weight 25): the overcommit rule holds."""
+    d = b.daemon("--sim-gpus", GPUS, "--client-env-max-weight", "25", sub="fill")
     b.agent(d, cid=b.containers.new_id()).register(weight=16)
     late = b.agent(d, cid=b.containers.new_id()).register()
     ok, how = refused_with(late, "refused")
     d.stop(signal.SIGKILL)
-    d.start()
+    d.start()  # the flags stay: the same daemon comes back
     kept = "no free weight" in how and d.ctl("cat", "inst_ctl").returncode == 0
     d.stop()
     return ok and kept, how
@@ -245,12 +245,8 @@ def _bad_frame(b: Battery, d: DaemonProc) -> tuple[bool, str]:
 def _zombie_client(b: Battery) -> tuple[bool, str]:
     d = b.daemon("--sim-gpus", GPUS, "--allocations", "required", sub="zombie")
     attacker = b.agent(d, cid=b.containers.new_id())
-    assert d.proc is not None
-    os.kill(d.proc.pid, signal.SIGSTOP)
-    try:
+    with d.stopped():
         attacker.call("zombie_connect")  # the child connected and exited unreaped before the accept
-    finally:
-        os.kill(d.proc.pid, signal.SIGCONT)
     first = attacker.call("recv")
     d.stop()
     return refused_with(first, "identity")
@@ -261,13 +257,9 @@ def _zombie_admin(b: Battery) -> tuple[bool, str]:
     attacker = b.agent(d, cid=b.containers.new_id())
     put = {"sock": d.admin, "path": "/v1/tree/inst_ctl", "method": "PUT", "body": "create stolen weight=8 highprio=1"}
     after = attacker.call("admin_get", zombie=0.3, **put)  # a zombie once accepted
-    assert d.proc is not None
-    os.kill(d.proc.pid, signal.SIGSTOP)
-    try:
+    with d.stopped():
         attacker.begin("admin_get", zombie=0.0, **put)  # a zombie before the accept
         time.sleep(0.5)
-    finally:
-        os.kill(d.proc.pid, signal.SIGCONT)
     before = attacker.result()
     made = "stolen" in d.ctl("cat", "inst_ctl").stdout
     d.stop()
@@ -277,7 +269,8 @@ def _zombie_admin(b: Battery) -> tuple[bool, str]:
 
 def _slots(b: Battery) -> tuple[bool, str]:
     """At the defaults (1024 clients, 256 a container, 64 in reserve), under a soft descriptor limit of 1024."""
-    limit = ("import os, resource, sys\nresource.setrlimit(resource.RLIMIT_NOFILE, (1024, 65536))\n"
+    limit = ("import os, resource, sys\n"
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
              "os.execv(sys.argv[1], sys.argv[1:])\n")
     d = DaemonProc(b.tmp / "slots", *b.containers.daemon_args(), "--sim-gpus", GPUS,
                    wrap=[sys.executable, "-c", limit])
@@ -304,26 +297,16 @@ def _admin_tcp(b: Battery) -> tuple[bool, str]:
         except OSError:
             break
     time.sleep(0.5)
-    held = sum(_still_open(c) for c in conns)
+    held = sum(still_open(c) for c in conns)
     root = d.ctl("cat", "0/policy").returncode == 0
     time.sleep(Config().admin_request_timeout_s + 1)
-    left = sum(_still_open(c) for c in conns)
+    left = sum(still_open(c) for c in conns)
     for c in conns:
         c.close()
     d.stop()
     return (held <= Config().max_admin_clients and left == 0 and root,
             f"{len(conns)} connected, {held} held (max_admin_clients {Config().max_admin_clients}), {left} left "
             f"after admin_request_timeout_s; root's cgpuctl {'answered' if root else 'refused'}")
-
-
-def _still_open(s: socket.socket) -> bool:
-    s.setblocking(False)
-    try:
-        return s.recv(1) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
 
 
 def _greed(b: Battery) -> tuple[bool, str]:
@@ -465,7 +448,8 @@ class Floods:
         self.sent = self.results["requests"]["sent"]
         still = self.hog.call("count_open")["open"]
         b.record("never read its replies", "container", still == 0,
-                 "closed at max_unread_bytes, its buffer freed" if still == 0 else "still open")
+                 "its requests waited once 64 KiB of replies stood unread; closed, its buffer freed"
+                 if still == 0 else "still open")
         wait_until = time.monotonic() + max(0.0, cfg.idle_timeout_s + 3 - self.seconds)
         while self.idle.call("count_open")["open"] and time.monotonic() < wait_until:
             time.sleep(0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,6 +81,16 @@ class DaemonProc:
             time.sleep(0.05)
         self.stop(signal.SIGKILL)
         raise RuntimeError(f"arbiterd did not start in {timeout:g} s:\n{self.read_log()}")
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The daemon held with SIGSTOP: what connects meanwhile waits in the listen backlog, not yet accepted."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def read_log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

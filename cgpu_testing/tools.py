@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,3 +23,14 @@ def root_on_path(env: Mapping[str, str] | None = None) -> dict[str, str]:
     base = dict(os.environ if env is None else env)
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
     return base
+
+
+def still_open(s: socket.socket) -> bool:
+    """Whether the peer has not closed ``s``, on which it sent nothing (a read that returns is the close)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False

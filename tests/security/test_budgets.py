@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from cgpu_testing.tools import root_on_path
+from cgpu_testing.tools import root_on_path, still_open
 from tests.security.conftest import Cast, needs_root
 from tests.security.test_floods import p99, rtts
 
@@ -86,15 +86,15 @@ def test_the_admin_tcp_listener_caps_its_connections_and_closes_silent_ones(cast
     conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
     try:
         time.sleep(0.3)
-        open_now = [c for c in conns if _open(c)]
+        open_now = [c for c in conns if still_open(c)]
         assert len(open_now) == 8, len(open_now)  # the rest closed as they came
         assert d.ctl("cat", "0/policy").returncode == 0  # type: ignore[attr-defined]  # admin.sock: not counted
         time.sleep(1.5)
-        assert not any(_open(c) for c in conns)  # no complete request within admin_request_timeout_s
+        assert not any(still_open(c) for c in conns)  # no complete request within admin_request_timeout_s
         half = socket.create_connection(("127.0.0.1", port))
         half.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")  # a request never finished
         time.sleep(1.5)
-        assert not _open(half)
+        assert not still_open(half)
         half.close()
     finally:
         for c in conns:
@@ -105,17 +105,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _open(s: socket.socket) -> bool:
-    """Whether the peer has not closed ``s`` (nothing was sent on it, so a read is only the close)."""
-    s.setblocking(False)
-    try:
-        return s.recv(1) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
 
 
 @needs_root
@@ -172,7 +161,7 @@ def test_refused_admin_requests_close_their_connection_so_asking_again_holds_no_
         for s in held:
             assert _ask(s, None).startswith(b"HTTP/1.1 401")
         time.sleep(0.3)
-        assert not any(_open(s) for s in held)  # each closed with its refusal
+        assert not any(still_open(s) for s in held)  # each closed with its refusal
         with socket.create_connection(("127.0.0.1", port)) as op:
             answer = _ask(op, token)
             assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\n1\n"), answer

@@ -10,31 +10,16 @@ admin.sock container root created ``weight=8 highprio=1``.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 from tests.security.conftest import Cast, needs_root
-
-
-@contextmanager
-def stopped(d: Any) -> Iterator[None]:
-    """The daemon stopped (SIGSTOP), so what connects waits in the listen backlog, not yet accepted."""
-    os.kill(d.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(d.proc.pid, signal.SIGCONT)
 
 
 @needs_root
 def test_a_zombie_that_connected_to_arbiter_sock_is_refused_not_taken_for_the_host(cast: Cast) -> None:
     d = cast.daemon("--sim-gpus", "1x1GiB", "--allocations", "required")
     attacker = cast.agent(d, cid=cast.containers.new_id())
-    with stopped(d):
+    with d.stopped():  # type: ignore[attr-defined]
         child = attacker.call("zombie_connect")["child"]  # connected, exited, unreaped: accepted as a zombie
     assert child != attacker.pid
     first = attacker.call("recv")
@@ -52,7 +37,7 @@ def test_a_zombie_on_admin_sock_is_refused_whether_it_died_before_or_after_the_a
               "body": "create stolen weight=8 highprio=1"}
     after = attacker.call("admin_get", zombie=0.3, **create)  # accepted while the child lived: told then, not re-read
     assert after["status"] == 403 and "is in container" in after["body"], after
-    with stopped(d):
+    with d.stopped():  # type: ignore[attr-defined]
         attacker.begin("admin_get", zombie=0.0, **create)
         time.sleep(0.5)  # the child connects and exits while the daemon is stopped: accepted as a zombie
     before = attacker.result()
