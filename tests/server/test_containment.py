@@ -169,6 +169,29 @@ def test_an_instance_over_its_memory_limit_is_killed_under_kill_and_left_alone_u
         time.sleep(2 * POLL_MS / 1000)
 
 
+def test_processes_that_only_connected_bring_no_memory_allowance(daemon_factory: Any, nvml: FakeNvml) -> None:
+    """Four processes of an instance with a 1 GiB limit use 700 MiB each. Had their bare connections made them
+    managed, each would bring a context allowance (4 x 512 MiB: 2800 MiB under a 3 GiB limit, before); only
+    registered ones do, so the instance is held to 1 GiB + one allowance and its largest process is killed."""
+    d = start(daemon_factory, nvml, "--memory-grace-ms", "300")
+    d.echo(f"create {ME} gpu=0 memsize=1GiB uid={os.geteuid()}", "inst_ctl")
+    d.echo("allow", "0/unmanaged")
+    d.echo("kill", "0/memory_enforce")
+    procs = [subprocess.Popen([sys.executable, "-c", _REGISTER_THEN_CLOSE, d.sock, "connect"], stdout=subprocess.PIPE)
+             for _ in range(4)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == b"closed\n"
+            nvml.run(proc.pid, 700 * MIB)
+        wait_for(lambda: sum(p.poll() is not None for p in procs) == 1)
+        assert gpu0(d)["memory_kills"] == 1
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+            nvml.gone(proc.pid)
+
+
 def test_an_executable_on_the_allow_list_exempts_no_container(daemon_factory: Any, nvml: FakeNvml,
                                                              short_tmp: Path) -> None:
     """A container may ship any path: /usr/bin/sleep inside one is unmanaged though /usr/bin/sleep is allowed."""

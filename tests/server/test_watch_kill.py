@@ -77,3 +77,19 @@ def test_an_executable_on_the_allow_list_exempts_a_root_run_host_process_of_a_ro
     fake.mkdir()
     (fake / "exe").symlink_to(loose)
     assert not watch.root_run(fake)  # written by anyone
+
+
+def test_the_record_of_recent_clients_is_pruned_by_time_with_or_without_a_watcher() -> None:
+    """Each process that registered is remembered CLIENT_GRACE_NS after its last registered connection closed;
+    the daemon prunes every second (before: only NVML's poll pruned, so without one about 220 B stayed behind
+    for every client pid ever seen)."""
+    from arbiterd.server.watch import CLIENT_GRACE_NS, RecentClients
+
+    recent = RecentClients()
+    for pid in range(1000, 6000):
+        recent.saw(pid, now=0, started=pid)
+    recent.saw(1, now=CLIENT_GRACE_NS, started=7)
+    recent.prune(CLIENT_GRACE_NS)
+    assert len(recent.seen) == 5001  # all still within the grace
+    recent.prune(CLIENT_GRACE_NS + 1)
+    assert recent.seen == {(1, 7): CLIENT_GRACE_NS}
