@@ -248,7 +248,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 {k: f.entitled_pct for k, f in fair.items()}, {k: f.delivered_pct for k, f in fair.items()},
                 {k: f.error_pp for k, f in fair.items()}, st.grants,
                 rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
-                sched.has_demand(rec.name), *waits,
+                sched.has_demand(rec.name), waits[0], waits[1],
                 limit=st.limit, throttled_seconds=sched.throttled_ns(rec.name, now) / 1e9,
             ))
         transit, warmup = sched.handover.parts

@@ -155,7 +155,8 @@ def test_throttled_time_is_counted_while_it_waits_with_its_runtime_spent() -> No
 
 
 def test_a_limit_raised_to_100_brings_back_no_credit_from_its_throttled_time() -> None:
-    """A (request 10 %) was held to 20 % beside B for 10 s; without its limit it gets its weight's share at once, not a burst."""
+    """A (request 10 %) was held to 20 % beside B for 10 s; without its limit it gets its weight's share at once,
+    not a burst."""
     sim = Simulation(GpuSettings(policy=4, max_inst=20), [req("A", 10, 20), req("B", 10)])
     sim.run(10 * NS_PER_S)
     a0, b0 = sim.op_ns["A"], sim.op_ns["B"]
