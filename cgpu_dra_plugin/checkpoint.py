@@ -58,6 +58,7 @@ class Prepared:
     weight: int
     high_priority: bool
     cdi_id: str
+    limit: int = 0  # the most GPU time (%) it may use (ShareConfig limit); 0: none
 
 
 @dataclass(frozen=True, slots=True)

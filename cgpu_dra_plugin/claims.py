@@ -107,6 +107,8 @@ def grants(claim: Mapping[str, Any], driver: str, pool: str) -> list[Grant]:
         if cfg.weight and cores and cfg.enforce_cores:
             raise BadClaim(f"{where}: ShareConfig weight {cfg.weight} and a cores cap of {cores} exclude each "
                            "other; set limits: MemoryOnly, or ask no cores")
+        if cfg.limit and cfg.limit < cores:
+            raise BadClaim(f"{where}: ShareConfig limit {cfg.limit} % is below the cores it requests ({cores} %)")
         out.append(Grant(request, str(r["pool"]), str(r.get("device", "")), memory, cores,
                          str(r.get("shareID", "")), cfg))
     if not out:

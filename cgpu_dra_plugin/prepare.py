@@ -53,6 +53,8 @@ def _describe(d: Prepared) -> str:
         what += f", {d.cores} % cores" + ("" if d.enforce_cores else " (reserved, not a cap)")
     if d.weight:
         what += f", weight {d.weight}"
+    if d.limit:
+        what += f", limit {d.limit} %"
     if d.high_priority:
         what += ", high priority"
     return f"GPU {d.gpu} ({d.device}): {what}"
@@ -82,7 +84,7 @@ class Preparer:
     def _create(self, d: Prepared) -> None:
         digest = self.checkpoint.token(d.alloc_id)
         self.admin.create_allocation(d.alloc_id, digest, [d.gpu], [d.memory], d.cores if d.enforce_cores else 0,
-                                     d.weight, d.high_priority)
+                                     d.weight, d.high_priority, d.limit)
 
     def _remove(self, d: Prepared) -> None:
         try:
@@ -143,7 +145,7 @@ class Preparer:
                                    f"GPU {index})")
             devices.append(Prepared(alloc_id(uid, g.request, g.device), g.request, g.pool, g.device, index, card.uuid,
                                     g.memory, g.cores, g.config.enforce_cores, g.config.weight,
-                                    g.config.high_priority, cdi.cdi_id(uid, g.device)))
+                                    g.config.high_priority, cdi.cdi_id(uid, g.device), g.config.limit))
         return devices
 
     def _prepare_new(self, namespace: str, uid: str, name: str) -> list[Prepared]:

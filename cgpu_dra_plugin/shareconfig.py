@@ -5,11 +5,14 @@
     weight: 2              # 1..25: the container's weight on its card (policies 2 and 4)
     highPriority: false    # preempts normal containers, up to the card's prio_ratio
     limits: MemoryAndCores # or MemoryOnly: the consumed cores reserve room but are not a cap
+    limit: 60              # 5..100: the most GPU time (%) the container may use, even on an idle card
 
 It reaches the plugin as ``status.allocation.devices.config[].opaque.parameters`` (raw JSON)
 and becomes the allocation's ``weight=``/``highprio=`` in arbiterd, which enforces them as it
 enforces ``inst_ctl``. ``weight`` and an enforced core percentage exclude each other (as in
-``inst_ctl``): a claim with a weight uses ``MemoryOnly``, or asks no cores. Anything else
+``inst_ctl``): a claim with a weight uses ``MemoryOnly``, or asks no cores. ``limit`` is the
+container's ceiling beside its request (the consumed ``cores``, or its weight): a claim may carry
+both (behaviour §3, requests and limits); it becomes the allocation's ``limit=``. Anything else
 unknown or out of range is refused with one line, naming the field.
 """
 
@@ -25,7 +28,7 @@ API_VERSION = f"{DRIVER}/v1alpha1"
 KIND = "ShareConfig"
 LIMITS = ("MemoryAndCores", "MemoryOnly")
 MAX_WEIGHT = 25  # arbiterd's max_inst ceiling
-_FIELDS = ("apiVersion", "kind", "weight", "highPriority", "limits")
+_FIELDS = ("apiVersion", "kind", "weight", "highPriority", "limits", "limit")
 
 
 class BadShareConfig(ValueError):
@@ -37,6 +40,7 @@ class ShareConfig:
     weight: int = 0  # 0: arbiterd's default
     high_priority: bool = False
     limits: str = "MemoryAndCores"
+    limit: int = 0  # the most GPU time (%) it may use; 0: none (an enforced core percentage is its own cap)
 
     @property
     def enforce_cores(self) -> bool:
@@ -48,6 +52,8 @@ class ShareConfig:
             doc["weight"] = self.weight
         if self.high_priority:
             doc["highPriority"] = True
+        if self.limit:
+            doc["limit"] = self.limit
         return doc
 
 
@@ -74,4 +80,7 @@ def parse(doc: object) -> ShareConfig:
     limits = doc.get("limits", DEFAULT.limits)
     if limits not in LIMITS:
         raise BadShareConfig(f"ShareConfig: limits must be {' or '.join(LIMITS)}, got {limits!r}")
-    return ShareConfig(weight, high, limits)
+    limit = doc.get("limit", 0)
+    if "limit" in doc and (isinstance(limit, bool) or not isinstance(limit, int) or not 5 <= limit <= 100):
+        raise BadShareConfig(f"ShareConfig: limit must be an integer 5..100 (percent of the GPU), got {limit!r}")
+    return ShareConfig(weight, high, limits, limit)

@@ -198,6 +198,7 @@ class Register(Message):
     highprio: int | None = None
     memsize: list[int] | None = None
     core_percent: int | None = None
+    limit: int | None = None  # the most GPU time (%) it asks to be held to: only ever a lower ceiling
 
 
 @message("acquire", C2S, reply="grant")

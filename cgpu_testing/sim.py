@@ -98,6 +98,7 @@ class SimInstance:
     # time it says it held the lease is short by this much)
     claim_warmup_ns: int = 0
     claim_transit_ns: int = 0
+    limit: int = 100  # its ceiling, % of the GPU (100: none)
 
 
 @dataclass(slots=True)
@@ -174,7 +175,7 @@ class Simulation:
         self._started = False
         ids = itertools.count(1)
         for inst in instances:
-            self.sched.add_instance(inst.name, inst.weight, inst.highprio, 0)
+            self.sched.add_instance(inst.name, inst.weight, inst.highprio, 0, limit=inst.limit)
             for _ in range(inst.clients):
                 c = _Client(next(ids), inst)
                 self.clients[c.cid] = c

@@ -68,9 +68,10 @@ class AsyncClient:
     @classmethod
     async def connect(cls, path: str, instance: str | None, gpus: list[int | str], weight: int = 1,
                       highprio: bool = False, memsize: list[int] | None = None,
-                      core_percent: int = 0) -> AsyncClient:
+                      core_percent: int = 0, limit: int = 0) -> AsyncClient:
         self = cls()
-        settings = ClientSettings(instance, tuple(gpus), weight, highprio, tuple(memsize or ()), core_percent)
+        settings = ClientSettings(instance, tuple(gpus), weight, highprio, tuple(memsize or ()), core_percent,
+                                  limit)
         loop = asyncio.get_running_loop()
         for attempt in range(200):
             try:

@@ -75,9 +75,11 @@ class Client:
         memsize: list[int] | None = None,
         backoff_max_s: float = 2.0,
         core_percent: int = 0,
+        limit: int = 0,
     ) -> None:
         self.socket_path = socket_path
-        self.settings = ClientSettings(instance, tuple(gpus), weight, highprio, tuple(memsize or ()), core_percent)
+        self.settings = ClientSettings(instance, tuple(gpus), weight, highprio, tuple(memsize or ()), core_percent,
+                                       limit)
         self.backoff_max_s = backoff_max_s
         self.registration: Registration | None = None
         self.listeners: dict[int, LeaseListener] = {}

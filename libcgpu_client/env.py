@@ -26,6 +26,8 @@ VARIABLES = {
     "ALIYUN_COM_GPU_HIGH_PRIO": "0 or 1: a high-priority instance",
     "CGPU_CORE_PERCENT": "cgpu extension: a GPU-core percentage instead of a weight, 5..100 in steps of 5 "
                          "(weight P/5 of 20 slots on policy 3); with ALIYUN_COM_GPU_SCHD_WEIGHT it is an error",
+    "CGPU_CORE_LIMIT": "cgpu extension: the most GPU time (%) the container asks to be held to, 5..100, even on an "
+                       "idle GPU; not below its request (weight / max_inst); an environment may only lower a limit",
     "CGPU_MEM_LIMIT": "cgpu extension: limit per card as a size (600MiB, 1GiB,2GiB); "
                       "wins over ALIYUN_COM_GPU_MEM_CONTAINER",
     "CGPU_SOCKET": "path of arbiter.sock (default /run/cgpu/arbiter.sock)",
@@ -134,6 +136,7 @@ class ClientEnv:
     native: bool = False
     torch_hook: str = "dispatch"
     core_percent: int = 0  # a GPU-core percentage (weight is core_percent // 5); 0: none
+    limit: int = 0  # CGPU_CORE_LIMIT: the most GPU time (%) it asks to be held to; 0: none stated
 
 
 def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
@@ -199,5 +202,6 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
     sock = get("CGPU_SOCKET") or DEFAULT_SOCKET
     if "\0" in sock or len(sock) > 107:
         raise _bad("CGPU_SOCKET", sock, "a UNIX socket path of at most 107 bytes")
+    limit = parse_int("CGPU_CORE_LIMIT", v, 5, 100) if (v := get("CGPU_CORE_LIMIT")) else 0
     return ClientEnv(disabled, sock, instance, tuple(gpus), weight, highprio, tuple(mem), mem_dev,
-                     loss, idle_ms, device, native, torch_hook, core)
+                     loss, idle_ms, device, native, torch_hook, core, limit)

@@ -1,6 +1,6 @@
 """``cgpu-run``: run a program under the cgpu interposer with the given settings.
 
-    cgpu-run [--gpus LIST] [--weight N | --core-percent P] [--mem SIZE] [--highprio] [--instance ID]
+    cgpu-run [--gpus LIST] [--weight N | --core-percent P] [--core-limit P] [--mem SIZE] [--highprio] [--instance ID]
              [--device auto|cuda|cpu] [--socket PATH] [--on-daemon-loss wait|run]
              [--idle-ms MS] [--native | --no-native] -- CMD [ARGS...]
 
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     share.add_argument("--weight", type=int, metavar="N", help="scheduling weight 1..max_inst (default 1)")
     share.add_argument("--core-percent", metavar="P", help="a GPU-core percentage instead of a weight: 5..100 in "
                    "steps of 5, weight P/5 of 20 slots on policy 3 (CGPU_CORE_PERCENT)")
+    p.add_argument("--core-limit", metavar="P", help="the most GPU time (%%) to be held to, 5..100, even on an "
+                   "idle GPU: a ceiling beside the weight's share (CGPU_CORE_LIMIT)")
     p.add_argument("--mem", metavar="SIZE", help="memory limit per GPU: 3 (GiB), 600MiB, or 1GiB,2GiB")
     p.add_argument("--highprio", action="store_true", help="run as a high-priority instance")
     p.add_argument("--instance", metavar="ID", help="instance id to declare (processes outside containers; "
@@ -73,6 +75,7 @@ FLAG_OF = {"ALIYUN_COM_GPU_VISIBLE_DEVICES": ("gpus", "--gpus"), "ALIYUN_COM_GPU
            "ALIYUN_COM_GPU_MEM_CONTAINER": ("mem", "--mem"), "CGPU_MEM_LIMIT": ("mem", "--mem"),
            "CGPU_INSTANCE": ("instance", "--instance"),
            "CGPU_CORE_PERCENT": ("core_percent", "--core-percent"), "CGPU_IDLE_MS": ("idle_ms", "--idle-ms"),
+           "CGPU_CORE_LIMIT": ("core_limit", "--core-limit"),
            "CGPU_SOCKET": ("socket", "--socket")}
 
 
@@ -96,6 +99,8 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     if args.core_percent is not None:
         env["CGPU_CORE_PERCENT"] = args.core_percent
         env.pop("ALIYUN_COM_GPU_SCHD_WEIGHT", None)
+    if args.core_limit is not None:
+        env["CGPU_CORE_LIMIT"] = args.core_limit
     if args.highprio:
         env["ALIYUN_COM_GPU_HIGH_PRIO"] = "1"
     if args.mem is not None:

@@ -44,7 +44,8 @@ class Runtime:
     def __init__(self, env: ClientEnv, device_factory: Callable[[int], DeviceAdapter] | None = None) -> None:
         self.env = env
         self.client = Client(env.socket, env.instance, list(env.gpus), env.weight, env.highprio,
-                             list(env.memsize) or None, core_percent=env.core_percent)
+                             list(env.memsize) or None, core_percent=env.core_percent,
+                             limit=env.limit)
         self._device_factory = device_factory or (lambda i: CpuAdapter())
         self.gates: list[Gate] = []
         self.memory: list[MemoryAccount] = []

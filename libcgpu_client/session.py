@@ -37,10 +37,11 @@ class ClientSettings:
     highprio: bool = False
     memsize: tuple[int, ...] = ()  # bytes per listed GPU, the last repeating; empty: no limit stated
     core_percent: int = 0  # a GPU-core percentage instead of a weight; 0: none
+    limit: int = 0  # the most GPU time (%) it asks to be held to; 0: none stated
 
     def register(self, rid: int) -> Register:
         return Register(rid, self.instance, list(self.gpus), self.weight, int(self.highprio),
-                        list(self.memsize) or None, self.core_percent or None)
+                        list(self.memsize) or None, self.core_percent or None, self.limit or None)
 
 
 def hello(client: str) -> Hello:

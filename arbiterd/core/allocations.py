@@ -39,6 +39,7 @@ class Allocation:
     pod: str | None = None  # that container's pod UID, when it has one
     weight: int = 0  # the container's weight on its GPU(s) (policies 2 and 4); 0: the default
     highprio: bool = False  # the container is high priority
+    limit: int = 0  # the most GPU time (%) the container may use (0: none; a core percentage caps by itself)
 
     def mem_on(self, gpu: int) -> int:
         return sum(m for g, m in zip(self.gpus, self.memsize, strict=True) if g == gpu)
@@ -47,11 +48,13 @@ class Allocation:
         """The ``alloc_ctl`` listing line."""
         return (f"{self.id} gpu={','.join(map(str, self.gpus))} memsize={','.join(map(str, self.memsize))} "
                 f"core={self.core}{f' weight={self.weight}' if self.weight else ''}"
-                f"{' highprio=1' if self.highprio else ''} bound={self.bound or '-'}")
+                f"{' highprio=1' if self.highprio else ''}{f' limit={self.limit}' if self.limit else ''} "
+                f"bound={self.bound or '-'}")
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "gpus": list(self.gpus), "memsize": list(self.memsize), "core": self.core,
-                "weight": self.weight, "highprio": int(self.highprio), "bound": self.bound}
+                "weight": self.weight, "highprio": int(self.highprio), "bound": self.bound,
+                **({"limit": self.limit} if self.limit else {})}
 
 
 def valid_digest(text: object) -> str:
@@ -136,4 +139,4 @@ class AllocationBook:
         self.create(Allocation(valid_alloc_id(item["id"]), valid_digest(item["token"]), gpus, memsize,
                                int(item["core"]), valid_instance_id(bound) if bound is not None else None,
                                str(pod) if pod is not None else None, int(item.get("weight", 0)),
-                               bool(item.get("highprio", 0))), totals)
+                               bool(item.get("highprio", 0)), int(item.get("limit", 0))), totals)

@@ -1,13 +1,15 @@
 """``alloc_ctl``: creating and removing allocations through the settings tree.
 
-    create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] [highprio=0|1]
+    create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] [limit=P] [highprio=0|1]
     remove ID
 
 ``token`` is the SHA-256 (hex) of the token the container will hold; ``memsize``
 is per GPU (the last repeats); ``core`` a percentage of each GPU, a multiple
 of 5. At least one of ``memsize`` and ``core``. ``weight`` (1..max_inst, for policies 2 and 4)
 and ``highprio`` are the container's scheduling settings, enforced as ``inst_ctl``'s are (a DRA claim's
-ShareConfig carries them); ``weight`` and ``core`` exclude each other, as in ``inst_ctl``.
+ShareConfig carries them); ``weight`` and ``core`` exclude each other, as in ``inst_ctl``. ``limit``
+(5..100, not below ``core``) is the container's ceiling beside its request (behaviour §3): a core
+percentage with a limit above it is held on policy 4, without one on policy 3.
 A create that would overcommit a card's memory or core, or whose id or token exists, is refused (409).
 Removing a bound allocation re-provisions its container. Reading the file
 lists the allocations, one a line:
@@ -28,8 +30,8 @@ from arbiterd.core.names import valid_alloc_id
 from arbiterd.core.settings import INSTANCE, parse_size
 
 USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] "
-         "[highprio=0|1]' or 'remove ID'")
-_CREATE_KEYS = ("token", "gpu", "memsize", "core", "weight", "highprio")
+         "[limit=P] [highprio=0|1]' or 'remove ID'")
+_CREATE_KEYS = ("token", "gpu", "memsize", "core", "weight", "highprio", "limit")
 
 
 def listing(arb: Arbiter) -> str:
@@ -66,11 +68,16 @@ def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Alloca
         raise SettingError("alloc_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
     weight = INSTANCE["weight"].parse(opts["weight"]) if "weight" in opts else 0
     highprio = INSTANCE["highprio"].parse(opts["highprio"]) if "highprio" in opts else 0
+    limit = INSTANCE["limit"].parse(opts["limit"]) if "limit" in opts else 0
+    if limit and limit < core:
+        raise SettingError(f"alloc_ctl create: limit={limit} is below core={core}: a limit is a ceiling above the "
+                           "request")
     for gpu in gpus if weight else ():
         if weight > arb.scheds[gpu].settings.max_inst:
             raise SettingError(f"alloc_ctl create: weight={weight} is over GPU {gpu}'s max_inst "
                                f"{arb.scheds[gpu].settings.max_inst}")
-    return (Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core, weight=weight, highprio=bool(highprio)),
+    return (Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core, weight=weight, highprio=bool(highprio),
+                       limit=limit),
             {g: arb.gpus[g].total_mem for g in gpus})
 
 

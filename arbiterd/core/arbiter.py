@@ -29,11 +29,11 @@ import logging
 from collections.abc import Mapping
 from typing import NoReturn
 
+from arbiterd.core import coremode, limits
 from arbiterd.core.allocations import AllocationBook
 from arbiterd.core.effects import NS_PER_S, Effect
 from arbiterd.core.errors import BusyError, ConflictError, IdentityError, NotFoundError, SettingError
 from arbiterd.core.memory import MemDecision
-from arbiterd.core.policies import FIXED_CORE, PREEMPTIVE
 from arbiterd.core.records import (
     OVERCOMMIT,
     Absent,
@@ -46,7 +46,15 @@ from arbiterd.core.records import (
     from_environment,
 )
 from arbiterd.core.scheduler import GpuScheduler
-from arbiterd.core.settings import CORE_MAX_INST, GLOBAL, INSTANCE, GlobalSettings, GpuSettings, InstanceSettings
+from arbiterd.core.settings import (
+    CORE_MAX_INST,
+    GLOBAL,
+    INSTANCE,
+    NO_LIMIT,
+    GlobalSettings,
+    GpuSettings,
+    InstanceSettings,
+)
 
 log = logging.getLogger("arbiterd.core")
 
@@ -102,6 +110,7 @@ class Arbiter:
             return
         inst.held_ns += ns
         inst.useful_ns += ns
+        sched.rq.bw.consume(inst, ns, 0)
         sched.rq.charge_vtime(inst, ns, sched.policy.vtime_weight(inst))
         sched.policy.after_charge(inst)
 
@@ -129,7 +138,7 @@ class Arbiter:
         effects: list[Effect] = []
         warnings: list[str] = []
         if s.core_percent:
-            effects, warnings = self._core_mode(gpu, name, s.core_percent, now, shape_gpu)
+            effects, warnings = coremode.core_mode(sched, name, s.core_percent, s.limit, now, shape_gpu)
         weight = min(s.weight, sched.free_weight)
         if weight < s.weight:
             msg = (
@@ -144,34 +153,18 @@ class Arbiter:
                    f"an operator sets the policy")
             log.info("%s", msg)
             warnings.append(msg)
-        effects += sched.add_instance(name, weight, bool(s.highprio), now, requested=s.weight, switch=shape_gpu)
+        if s.limit < NO_LIMIT and not sched.policy.honours_limits:
+            msg = (f"GPU {gpu} instance {name}: limit {s.limit} % is kept, and not in force under policy "
+                   f"{sched.settings.policy} (limits hold on policies 1, 2 and 4)")
+            log.info("%s", msg)
+            warnings.append(msg)
+        effects += sched.add_instance(name, weight, bool(s.highprio), now, requested=s.weight, switch=shape_gpu,
+                                      limit=s.limit)
         rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now, host_uid=host_uid,
                              creator_uid=creator_uid)
         self.records[(gpu, name)] = rec
         rec.ledger.limit = self.mem_limit(rec)
         return rec, effects, warnings
-
-    @staticmethod
-    def _core_ready(sched: GpuScheduler) -> bool:
-        """Whether a core percentage may set ``sched`` to policy 3, max_inst 20: unused, on policy 1."""
-        return sched.settings.policy == PREEMPTIVE and not sched.instances
-
-    def _core_mode(self, gpu: int, name: str, percent: int, now: int, shape_gpu: bool = True
-                   ) -> tuple[list[Effect], list[str]]:
-        """Put ``gpu`` on policy 3 with 20 slots for an instance asking ``percent`` of it, if it may."""
-        sched = self.scheds[gpu]
-        st = sched.settings
-        if st.policy == FIXED_CORE and st.max_inst == CORE_MAX_INST:
-            return [], []
-        if shape_gpu and self._core_ready(sched):
-            log.info("GPU %d: policy 3 (fixed core), max_inst %d, for instance %s asking %d %% of the GPU",
-                     gpu, CORE_MAX_INST, name, percent)
-            return sched.set_max_inst(CORE_MAX_INST, now) + sched.set_policy(FIXED_CORE, now), []
-        msg = (f"GPU {gpu} instance {name}: {percent} % of the GPU holds on policy 3 with max_inst "
-               f"{CORE_MAX_INST}; GPU {gpu} has policy {st.policy} and max_inst {st.max_inst}, "
-               f"so it is weight {percent // 5} there" + ("" if shape_gpu else " (an operator sets the policy)"))
-        log.warning("%s", msg)
-        return [], [msg]
 
     def provision(self, name: str, gpus: list[int], s: InstanceSettings, now: int, host_uid: int | None = None
                   ) -> list[Effect]:
@@ -185,8 +178,10 @@ class Arbiter:
         that other records give up on each GPU first."""
         for gpu, s in settings.items():
             sched = self.sched(gpu)
-            core = bool(s.core_percent) and self._core_ready(sched)  # it becomes 20 slots first
+            core = bool(s.core_percent) and coremode.core_ready(sched)  # it becomes 20 slots first
             INSTANCE["weight"].check(s.weight, CORE_MAX_INST if core else sched.settings.max_inst)
+            policy = coremode.core_policy(sched, s.core_percent, s.limit)
+            limits.check_limit(sched.rq, name, s.weight, s.limit, policy, CORE_MAX_INST if core else None)
             INSTANCE["highprio"].check(s.highprio)
             INSTANCE["memsize"].check(s.memsize)
             rec = self.records.get((gpu, name))
@@ -207,8 +202,15 @@ class Arbiter:
                 effects += eff
             else:
                 sched = self.scheds[gpu]
+                if s.core_percent:
+                    effects += coremode.core_mode(sched, name, s.core_percent, s.limit, now, True)[0]
+                limit = sched.instances[name].limit
+                if limit != s.limit:  # no limit first, so that the weight's check sees the new one
+                    effects += sched.set_limit(name, NO_LIMIT, now)
                 if sched.instances[name].weight != s.weight:
                     effects += sched.set_weight(name, s.weight, now)
+                if limit != s.limit:
+                    effects += sched.set_limit(name, s.limit, now)
                 effects += sched.set_highprio(name, int(s.highprio), now)
                 rec.memsize = s.memsize
                 rec.ledger.limit = self.mem_limit(rec)
@@ -218,7 +220,8 @@ class Arbiter:
         return effects
 
     def restore_record(self, gpu: int, name: str, weight: int, requested: int, highprio: int, memsize: int,
-                       provisioned: bool, host_uid: int | None, creator_uid: int | None, now: int) -> None:
+                       provisioned: bool, host_uid: int | None, creator_uid: int | None, now: int,
+                       limit: int = NO_LIMIT) -> None:
         """Put back a saved record as it was (state.py has checked each value): its weight, 0 included, is
         not clamped and switches no policy."""
         sched = self.sched(gpu)
@@ -226,7 +229,7 @@ class Arbiter:
             raise ConflictError(f"instance {name} is on GPU {gpu} twice")
         if weight > sched.free_weight:
             raise ConflictError(f"weight {weight} exceeds free_weight {sched.free_weight} on GPU {gpu}")
-        sched.add_instance(name, weight, bool(highprio), now, requested=requested, switch=False)
+        sched.add_instance(name, weight, bool(highprio), now, requested=requested, switch=False, limit=limit)
         rec = InstanceRecord(name, gpu, memsize, provisioned=provisioned, idle_since=now, host_uid=host_uid,
                              creator_uid=creator_uid)
         self.records[(gpu, name)] = rec

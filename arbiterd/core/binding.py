@@ -30,7 +30,7 @@ from arbiterd.core.allocations import Allocation
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
 from arbiterd.core.errors import IdentityError
-from arbiterd.core.settings import InstanceSettings
+from arbiterd.core.settings import NO_LIMIT, InstanceSettings
 
 log = logging.getLogger("arbiterd.core")
 
@@ -62,14 +62,20 @@ def settings_of(allocs: Iterable[Allocation]) -> dict[int, InstanceSettings]:
     core: dict[int, int] = defaultdict(int)
     weight: dict[int, int] = defaultdict(int)
     highprio: dict[int, int] = defaultdict(int)
+    limit: dict[int, int] = defaultdict(int)
+    limited: set[int] = set()
     for a in allocs:
         for gpu, m in zip(a.gpus, a.memsize, strict=True):
             mem[gpu] += m
             core[gpu] += a.core
             weight[gpu] += a.weight
             highprio[gpu] |= int(a.highprio)
+            limit[gpu] += a.limit or a.core or NO_LIMIT  # a core percentage without a limit is its own cap
+            if a.limit:
+                limited.add(gpu)
     return {gpu: InstanceSettings(weight=weight[gpu] or 1, highprio=highprio[gpu], core_percent=core[gpu],
-                                  memsize=mem[gpu]) for gpu in sorted(mem)}
+                                  memsize=mem[gpu], limit=min(limit[gpu], NO_LIMIT) if gpu in limited else NO_LIMIT)
+            for gpu in sorted(mem)}
 
 
 def in_use(arb: Arbiter, instance: str) -> bool:

@@ -1,7 +1,10 @@
 """``inst_ctl``: provisioning instance records through the settings tree.
 
-    create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE] [uid=N]
+    create ID [gpu=0,1] [weight=N | core=P] [limit=P] [highprio=0|1] [memsize=SIZE] [uid=N]
     remove ID [gpu=N]
+
+``limit=P``: the most GPU time (%) the instance may use (behaviour §3, requests and limits); beside
+``core=P`` a limit above the core percentage puts an unused GPU on policy 4 with 20 slots, not 3.
 
 ``uid=N`` makes ID an instance for host processes of uid N (they declare it
 with ``CGPU_INSTANCE``); no container, and no other uid, may use it. Reading the
@@ -18,11 +21,12 @@ from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
 from arbiterd.core.errors import SettingError
 from arbiterd.core.names import valid_instance_id
-from arbiterd.core.settings import INSTANCE, InstanceSettings
+from arbiterd.core.settings import INSTANCE, NO_LIMIT, InstanceSettings
 
-USAGE = ("inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] [memsize=SIZE] [uid=N]' "
+USAGE = ("inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [limit=P] [highprio=0|1] [memsize=SIZE] "
+         "[uid=N]' "
          "or 'remove ID [gpu=N]'")
-_OPTION = {"weight": "weight", "core": "core_percent", "highprio": "highprio", "memsize": "memsize"}
+_OPTION = {"weight": "weight", "core": "core_percent", "highprio": "highprio", "memsize": "memsize", "limit": "limit"}
 _CONTAINER_LIKE = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}")  # what a container's instance id looks like
 UID_MAX = 2**32 - 2  # (uid_t)-1 means "no uid"
 
@@ -33,8 +37,9 @@ def listing(arb: Arbiter) -> str:
         if rec.provisioned:
             st = arb.scheds[gpu].instances[name]
             uid = f" uid={rec.host_uid}" if rec.host_uid is not None else ""
-            lines.append(f"{name} gpu={gpu} weight={st.weight} highprio={int(st.highprio)} memsize={rec.memsize}"
-                         f"{uid}")
+            limit = f" limit={st.limit}" if st.limit < NO_LIMIT else ""
+            lines.append(f"{name} gpu={gpu} weight={st.weight}{limit} highprio={int(st.highprio)} "
+                         f"memsize={rec.memsize}{uid}")
     return "".join(line + "\n" for line in lines)
 
 

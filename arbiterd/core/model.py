@@ -16,7 +16,8 @@ from typing import Protocol
 
 from arbiterd.core.accounting import HandoverMeter
 from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease, RevokeLease, value
-from arbiterd.core.settings import AUTO, GpuSettings
+from arbiterd.core.limits import Bandwidth
+from arbiterd.core.settings import AUTO, NO_LIMIT, GpuSettings
 from arbiterd.core.waits import GrantWaits
 
 VR_SCALE = 26_771_144_400  # lcm(1..25): every vruntime charge is an exact integer
@@ -49,6 +50,9 @@ class InstanceState:
     handovers: int = 0  # hand-overs measured for it (its running means start as plain means)
     warmup_mean_ns: int = 0  # the warm-up its clients report: a running mean over the same hand-overs
     extension_ns: int = -1  # what its turns are lengthened by now (-1: the GPU's, until it has its own)
+    limit: int = NO_LIMIT  # the most GPU time (%) it may use per period (limits.py)
+    throttled_ns: int = 0  # time it waited with its runtime spent, intervals closed so far (limits.py)
+    nr_throttled: int = 0  # such intervals
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 
 
@@ -80,6 +84,7 @@ class Keeper(Charger, Protocol):
 
     retired: bool
     leases: Mapping[int, Lease]
+    honours_limits: bool
 
     def first_cutoff(self, overrun_ns: int) -> int | None: ...
 
@@ -147,6 +152,7 @@ class Runqueue:
         self.slice_ns = self.pick_slice_ns()
         self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
         self.round_ns = 0  # the round of turns in force: the useful time every instance's turn takes, together
+        self.bw = Bandwidth(self, now)  # the limited instances' quotas (limits.py)
 
     def extension_for(self, inst: InstanceState) -> int:
         """What a turn of ``inst`` is lengthened by: its own expected hand-over, the GPU's until it has one."""
@@ -212,8 +218,11 @@ class Runqueue:
               ring: bool = False, prepaid: int = 0, extension: int = 0) -> list[Effect]:
         """Give the GPU to every waiting client of ``inst`` until ``deadline``; ``owner`` bills it.
 
-        ``extension`` is the part of the lease's length that pays for its expected hand-over.
+        ``extension`` is the part of the lease's length that pays for its expected hand-over. A limited instance's
+        lease ends where its runtime runs out, if that is sooner (limits.py).
         """
+        if inst.limit < NO_LIMIT:
+            deadline = now + extension + self.bw.allowance(inst, now, max(0, deadline - now - extension))
         ended = self.last_ended
         lease = Lease(self.next_lease_id(), inst, set(inst.waiters), now, deadline, owner, highprio=highprio,
                       ring=ring, prepaid_ns=prepaid, extension_ns=extension,

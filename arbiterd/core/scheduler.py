@@ -16,7 +16,7 @@ included, less the hand-over it cost (measured per lease and credited up to a bo
 instance's own expected hand-over lengthens its turns so that they hold their useful time; the GPU's sizes
 ``slice_ms = auto``. A native lease (policy 5) runs beside the others and hands nothing over, so it is billed what it
 held and not measured. A holder still holding ``overrun_ms`` after its deadline (or a revoke) is cut off, charged up
-to then and counted. A policy switch is switch.py.
+to then and counted. A policy switch is switch.py; the setting writes are setters.py; limits, limits.py.
 """
 
 from __future__ import annotations
@@ -24,17 +24,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection
 
-from arbiterd.core import credit, switch
+from arbiterd.core import credit, limits
 from arbiterd.core.accounting import HandoverMeter
 from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease, RevokeLease
 from arbiterd.core.entitlement import Entitlement
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
 from arbiterd.core.model import Bill, GpuStats, InstanceState, Lease, Runqueue
 from arbiterd.core.policies import NATIVE, HighPriority, Policy, make_policy
-from arbiterd.core.settings import GPU, INSTANCE, GpuSettings, check_gpu_settings
+from arbiterd.core.setters import SettingWrites
+from arbiterd.core.settings import INSTANCE, NO_LIMIT, GpuSettings, check_gpu_settings
 
 
-class GpuScheduler:
+class GpuScheduler(SettingWrites):
     """Decides who holds one GPU, until when, and whom to revoke: the operations on its run queue (:attr:`rq`),
     which reach the classes (:attr:`hp`, :attr:`policy`) only through their hooks."""
 
@@ -53,7 +54,8 @@ class GpuScheduler:
             **{name: functools.partial(self._set_slice_bound, name) for name in (
                 "slice_min_ms", "slice_max_ms", "handover_target_pct", "latency_target_ms", "handover_max_pct")},
             **{name: functools.partial(self._set_plain, name)
-               for name in ("overrun_ms", "unmanaged", "memory_enforce", "memory_grace_ms", "memory_allowance")},
+               for name in ("limit_period_ms", "overrun_ms", "unmanaged", "memory_enforce", "memory_grace_ms",
+                            "memory_allowance")},
         }
 
     # ------------------------------------------------------------------ derived
@@ -152,6 +154,8 @@ class GpuScheduler:
         """``inst`` may have gained or lost demand: reshare if it did."""
         if inst is not None and (bool(inst.waiters) or inst.leases > 0) != (inst.name in self.ent.current.active):
             self.ent.toggle(inst.name, now)
+        if inst is not None and inst.limit < NO_LIMIT:
+            self.rq.bw.mark(inst, now)
 
     def has_demand(self, name: str) -> bool:
         """Whether ``name`` waits for or holds a lease."""
@@ -160,19 +164,23 @@ class GpuScheduler:
 
     # -------------------------------------------------------------- instances
     def add_instance(self, name: str, weight: int, highprio: bool, now: int, requested: int | None = None,
-                     switch: bool = True) -> list[Effect]:
+                     switch: bool = True, limit: int = NO_LIMIT) -> list[Effect]:
         """Register an instance. ``weight`` 0 means it never gets GPU time; ``requested``: what it asked for;
-        ``switch``: its weight may switch the GPU's policy (behaviour §3), as when an operator provisions it."""
+        ``switch``: its weight may switch the GPU's policy (behaviour §3), as when an operator provisions it;
+        ``limit``: its ceiling (limits.py; checked against its weight only: kept where the policy does not
+        honour it)."""
         if name in self.instances:
             raise ConflictError(f"instance {name} already exists on GPU {self.index}")
         if weight != 0:
             INSTANCE["weight"].check(weight, self.settings.max_inst)
         if weight > self.free_weight:
             raise ConflictError(f"weight {weight} exceeds free_weight {self.free_weight} on GPU {self.index}")
+        limits.check_request(self.rq, name, weight, INSTANCE["limit"].check(limit))
         inst = InstanceState(name, weight, bool(highprio), self.rq.next_order(),
-                             requested=weight if requested is None else requested)
+                             requested=weight if requested is None else requested, limit=limit)
         self.policy.demand(inst, now)
         self.instances[name] = inst
+        self.rq.bw.track(inst, now)
         self.hp.changed()
         self.policy.changed(now)
         to = self.policy.weight_switch(weight) if switch else None
@@ -197,118 +205,13 @@ class GpuScheduler:
         self.ent.fold(now)
         del self.instances[name]
         self.rq.waits.forget(name)
+        self.rq.bw.forget(inst, now)
         self.hp.changed()
         self.policy.removed(inst)
         self.policy.changed(now)
         effects += self.policy.schedule(now)
         self._reshare(now)
         return effects
-
-    # --------------------------------------------------------------- settings
-    def check(self, name: str, value: int) -> None:
-        """Raise a CoreError (one line) if the GPU setting ``name`` may not be ``value`` now; change nothing."""
-        if name not in self._setters:
-            raise NotFoundError(f"no GPU setting {name}")
-        GPU[name].valid(value)
-        s = self.settings
-        if name in ("slice_min_ms", "slice_max_ms"):
-            lo, hi = (value, s.slice_max_ms) if name == "slice_min_ms" else (s.slice_min_ms, value)
-            if lo > hi:
-                raise ConflictError(f"{name}: slice_min_ms {lo} would be above slice_max_ms {hi}")
-        elif name == "max_inst":
-            used = sum(i.weight for i in self.instances.values())
-            if value < used:
-                raise ConflictError(f"max_inst {value} is below the sum of weights {used}")
-
-    def set(self, name: str, value: int, now: int) -> list[Effect]:
-        """Set the GPU setting ``name`` (a key of :data:`arbiterd.core.settings.GPU`)."""
-        self.check(name, value)
-        return self._setters[name](value, now)
-
-    def _set_plain(self, name: str, value: int, now: int) -> list[Effect]:
-        """``overrun_ms``, or a setting the server's containment reads (``unmanaged``, ``memory_*``)."""
-        self.check(name, value)
-        setattr(self.settings, name, value)
-        return self.policy.schedule(now)
-
-    def _set_slice_bound(self, name: str, value: int, now: int) -> list[Effect]:
-        """``slice_min_ms``, ``slice_max_ms``, ``handover_target_pct``, ``latency_target_ms`` or
-        ``handover_max_pct``: what ``slice_ms = auto`` may do."""
-        self.check(name, value)
-        setattr(self.settings, name, value)
-        self._refresh_slice(now)
-        return self.policy.schedule(now)
-
-    def _refresh_slice(self, now: int) -> None:
-        """Put the slice and the turn extension in force again (a setting or the measured hand-over changed).
-
-        The extension follows the expected hand-over once it has moved by 5 % (rings are rebuilt
-        for it, so it does not follow every sample).
-        """
-        rq = self.rq
-        slice_ns = rq.pick_slice_ns()
-        expected = rq.handover.expected
-        moved = abs(expected - rq.extension_ns) * 20 > rq.extension_ns
-        if slice_ns == rq.slice_ns and not moved:
-            return
-        rq.slice_ns = slice_ns
-        if moved:
-            rq.extension_ns = expected
-        self.hp.clamp()
-        self.policy.changed(now)
-
-    def set_policy(self, policy: int, now: int) -> list[Effect]:
-        GPU["policy"].valid(policy)
-        if policy == self.settings.policy:
-            return []
-        self.hp.accrue(now)
-        self.policy, effects = switch.switch_policy(self.rq, self.hp, policy, now)
-        effects += self.policy.schedule(now)
-        self._reshare(now)
-        return effects
-
-    def set_max_inst(self, value: int, now: int) -> list[Effect]:
-        self.check("max_inst", value)
-        self.settings.max_inst = value
-        self.policy.changed(now)
-        return self._resharing(self.policy.schedule(now), now)
-
-    def set_prio_ratio(self, value: int, now: int) -> list[Effect]:
-        GPU["prio_ratio"].valid(value)
-        self.hp.accrue(now)
-        self.settings.prio_ratio = value
-        self.hp.clamp()
-        return self._resharing(self.policy.schedule(now), now)
-
-    def set_slice_ms(self, value: int, now: int) -> list[Effect]:
-        GPU["slice_ms"].valid(value)
-        self.settings.slice_ms = value
-        self._refresh_slice(now)
-        return self.policy.schedule(now)
-
-    def check_weight(self, name: str, weight: int) -> None:
-        """Raise a CoreError (one line) if instance ``name`` may not have ``weight``; change nothing."""
-        inst = self._inst(name)
-        INSTANCE["weight"].check(weight, self.settings.max_inst)
-        others = sum(i.weight for i in self.instances.values() if i is not inst)
-        if others + weight > self.settings.max_inst:
-            raise ConflictError(f"weight {weight} would make the sum {others + weight} exceed max_inst "
-                                f"{self.settings.max_inst} on GPU {self.index}")
-
-    def set_weight(self, name: str, weight: int, now: int) -> list[Effect]:
-        self.check_weight(name, weight)
-        inst = self.instances[name]
-        inst.weight = weight
-        self.policy.changed(now)
-        return self._resharing(self.policy.schedule(now), now)
-
-    def set_highprio(self, name: str, highprio: int, now: int) -> list[Effect]:
-        inst = self._inst(name)
-        INSTANCE["highprio"].check(highprio)
-        inst.highprio = bool(highprio)
-        self.hp.changed()
-        self.policy.changed(now)
-        return self._resharing(self.policy.schedule(now), now)
 
     # ----------------------------------------------------------------- events
     def acquire(self, name: str, client: int, now: int) -> list[Effect]:
@@ -471,6 +374,8 @@ class GpuScheduler:
         inst.held_ns += held
         inst.useful_ns += billed
         inst.leases -= 1
+        if inst.limit < NO_LIMIT:
+            rq.bw.consume(inst, billed, now)
         if now > lease.deadline_ns:
             rq.stats.late_releases += 1
         lease.clients.clear()

@@ -20,14 +20,15 @@ from typing import cast
 from arbiterd.core.errors import SettingError
 from arbiterd.core.setting import AUTO, Kind, Scope, Setting, parse_size, setting, table
 
-__all__ = ["AUTO", "CORE_MAX_INST", "GIB", "GLOBAL", "GPU", "INSTANCE", "MAX_INST_MAX", "MEMORY_ENFORCE", "UNMANAGED",
-           "GlobalSettings", "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting", "check_gpu_settings",
-           "core_weight", "format_size", "parse_size", "setting"]
+__all__ = ["AUTO", "CORE_MAX_INST", "GIB", "GLOBAL", "GPU", "INSTANCE", "MAX_INST_MAX", "MEMORY_ENFORCE", "NO_LIMIT",
+           "UNMANAGED", "GlobalSettings", "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting",
+           "check_gpu_settings", "core_weight", "format_size", "parse_size", "setting"]
 
 GIB = 1024**3
 MAX_INST_MAX = 25  # the most slots a GPU can be cut into; also the largest weight
 UNMANAGED = ("allow", "report", "throttle", "kill")  # what the per-GPU setting unmanaged may be, by index
 MEMORY_ENFORCE = ("report", "kill")
+NO_LIMIT = 100  # an instance's limit (%) that limits nothing
 
 
 @dataclass(slots=True)
@@ -50,6 +51,9 @@ class GpuSettings:
                                           "and past that the round stretches", 10, 10_000)
     handover_max_pct: int = setting(10, "with slice_ms auto: the most GPU time (%) hand-overs may cost while the "
                                         "slice shrinks to fit latency_target_ms", 1, 50)
+    limit_period_ms: int = setting(AUTO, "the period an instance's limit is a quota of (ms), or auto: the round of "
+                                         "turns in force, stretched by what high-priority instances take", 1, 1000,
+                                   "auto")
     overrun_ms: int = setting(500, "cut a holder off this long after its deadline (or a revoke)", 1, 3_600_000)
     unmanaged: int = setting(UNMANAGED.index("report"), "a process with a context on the GPU that is not a client "
                              "of cgpu (NVML sees it): allow it; report it (status, cgpu-smi, metrics, one log "
@@ -74,6 +78,8 @@ class InstanceSettings:
                           1, MAX_INST_MAX)
     highprio: int = setting(0, "1: a high-priority instance, preempting others up to prio_ratio", 0, 1, "flag")
     memsize: int = setting(0, "memory limit in bytes (0: default_memsize, or the whole device)", 0, kind="size")
+    limit: int = setting(NO_LIMIT, "most GPU time (%) it may use, per period, even on an idle GPU (100: none); not "
+                                   "below its request, weight / max_inst; honoured on policies 1, 2 and 4", 5, 100)
     core_percent: int = setting(0, "a GPU-core percentage instead of a weight: weight P/5 of 20 slots on "
                                    "policy 3", 5, 100, "percent", tree=False)
 

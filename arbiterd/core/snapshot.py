@@ -38,11 +38,11 @@ from typing import Any
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.errors import CoreError, SettingError
 from arbiterd.core.names import valid_instance_id
-from arbiterd.core.settings import GLOBAL, GPU, INSTANCE, Setting
+from arbiterd.core.settings import GLOBAL, GPU, INSTANCE, NO_LIMIT, Setting
 
 log = logging.getLogger("arbiterd.core")
 STATE_VERSION = 1
-INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight, highprio, memsize
+INSTANCE_KEYS = tuple(name for name, s in INSTANCE.items() if s.tree)  # weight, highprio, memsize, limit
 _BAD = (CoreError, KeyError, TypeError, ValueError, AttributeError)
 
 
@@ -58,6 +58,8 @@ def take(arb: Arbiter) -> dict[str, Any]:
                                 "memsize": rec.memsize, "provisioned": rec.provisioned}
         if st.weight == 0:
             item["requested"] = st.requested
+        if st.limit < NO_LIMIT:
+            item["limit"] = st.limit
         if rec.host_uid is not None:
             item["uid"] = rec.host_uid
         if rec.creator_uid is not None:
@@ -176,7 +178,7 @@ def _restore_record(arb: Arbiter, gpu: int, item: dict[str, Any], now: int) -> N
         raise SettingError(f"provisioned: expected true or false, got {item['provisioned']!r:.40}")
     arb.restore_record(gpu, name, weight, requested, _int("highprio", item["highprio"], INSTANCE["highprio"]),
                        _int("memsize", item["memsize"], INSTANCE["memsize"]), item["provisioned"], uid, creator,
-                       now)
+                       now, _int("limit", item.get("limit", NO_LIMIT), INSTANCE["limit"]))
 
 
 def _int(key: str, value: Any, spec: Setting[int] | None = None, hi: int | None = None) -> int:

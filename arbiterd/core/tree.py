@@ -41,7 +41,7 @@ GLOBAL_FILES = ("version", "default_memsize", "inst_ctl", "upgrade")
 ALLOC_FILES = ("alloc_ctl",)  # listed only while allocations are on (cGPU's tree has no such file)
 _CGPU_GPU = ("policy", "max_inst", "prio_ratio", "free_weight", "major")  # cGPU's order first
 GPU_FILES = _CGPU_GPU + tuple(n for n in GPU if n not in _CGPU_GPU) + ("busy_ms",)
-INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo")
+INST_FILES = ("id", "weight", "highprio", "memsize", "meminfo", "limit")
 __all__ = ["GPU_FILES", "INST_FILES", "MAJOR", "Write", "plan", "read", "valid_instance_id", "write"]
 
 
@@ -116,6 +116,8 @@ def read(arb: Arbiter, path: str, now: int) -> str:
             return f"{int(st.highprio)}\n"
         if key == "memsize":
             return f"{arb.mem_limit(rec)}\n"
+        if key == "limit":
+            return f"{st.limit}\n"
     raise NotFoundError(f"no such path: {path}")
 
 
@@ -188,6 +190,9 @@ def _plan_instance(arb: Arbiter, sched: GpuScheduler, name: str, key: str, value
     if key == "highprio":
         highprio = INSTANCE[key].check(INSTANCE[key].parse(value))
         return lambda now: sched.set_highprio(rec.name, highprio, now)
+    if key == "limit":
+        limit = sched.check_limit(rec.name, INSTANCE[key].parse(value))
+        return lambda now: sched.set_limit(rec.name, limit, now)
     if key == "memsize":
         memsize = INSTANCE[key].parse(value)
         arb.check_memsize(sched.index, rec.name, memsize)

@@ -485,6 +485,8 @@ def _requested(msg: p.Register, gpus: list[int]) -> dict[int, InstanceSettings]:
                   "memsize": memsize[min(i, len(memsize) - 1)] if memsize else 0}
         if msg.core_percent is not None:
             values["core_percent"] = msg.core_percent
+        if msg.limit is not None:
+            values["limit"] = msg.limit
         out[gpu] = InstanceSettings(**{k: INSTANCE[k].check(v) for k, v in values.items()})
     return out
 

@@ -35,6 +35,7 @@ class ArbiterCollector(Collector):
         doc = self.hub.status()
         yield from _gpu_metrics(doc, self.hub.handover_meters())
         yield from _instance_metrics(doc)
+        yield from _limit_metrics(doc)
         yield from _containment_metrics(doc)
         yield from _client_metrics(self.hub)
 
@@ -159,6 +160,21 @@ def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
                 if ms is not None:
                     waits[q].add_metric(li, ms / 1e3)
     yield from (held, delivered, entitled, demand, *inst.values(), used, limit, *waits.values())
+
+
+def _limit_metrics(doc: DaemonStatus) -> Iterator[Metric]:
+    """Each instance's limit and its throttled time (named after cAdvisor's
+    ``container_cpu_cfs_throttled_seconds_total``)."""
+    gi = ["gpu", "instance"]
+    limit = GaugeMetricFamily("cgpu_instance_limit", f"Instance setting limit: {INSTANCE['limit'].help}", labels=gi)
+    throttled = CounterMetricFamily("cgpu_instance_throttled_seconds", "Time the instance waited for the GPU with "
+                                    "its limit's quota for the period spent", labels=gi)
+    for g in doc.gpus:
+        for i in g.instances:
+            li = [str(g.index), i.id]
+            limit.add_metric(li, i.limit)
+            throttled.add_metric(li, i.throttled_seconds)
+    yield from (limit, throttled)
 
 
 def _client_metrics(hub: Hub) -> Iterator[Metric]:

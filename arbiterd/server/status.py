@@ -120,6 +120,8 @@ class InstanceStatus:
     demand: bool
     wait_p50_ms: float | None  # its grant waits over the last minute (arbiterd.core.waits): None if none
     wait_p99_ms: float | None
+    limit: int = 100  # its ceiling, % of the GPU (100: none; arbiterd.core.limits)
+    throttled_seconds: float = 0.0  # time it waited with its limit's runtime spent
 
 
 @dataclass(slots=True)
@@ -246,7 +248,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 {k: f.entitled_pct for k, f in fair.items()}, {k: f.delivered_pct for k, f in fair.items()},
                 {k: f.error_pp for k, f in fair.items()}, st.grants,
                 rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
-                sched.has_demand(rec.name), *waits,
+                sched.has_demand(rec.name), waits[0], waits[1],
+                limit=st.limit, throttled_seconds=sched.throttled_ns(rec.name, now) / 1e9,
             ))
         transit, warmup = sched.handover.parts
         gs = GpuStatus(

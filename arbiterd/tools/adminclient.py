@@ -118,7 +118,8 @@ class AdminClient:
         return doc
 
     def create_allocation(self, alloc_id: str, token_sha256: str, gpus: Sequence[int],
-                          memsize: Sequence[int] = (), core: int = 0, weight: int = 0, highprio: bool = False) -> None:
+                          memsize: Sequence[int] = (), core: int = 0, weight: int = 0, highprio: bool = False,
+                          limit: int = 0) -> None:
         """``alloc_ctl create``; raise Refused (409: it would overcommit, or the id exists)."""
         body = f"create {alloc_id} token={token_sha256} gpu={','.join(str(g) for g in gpus)}"
         if memsize:
@@ -129,6 +130,8 @@ class AdminClient:
             body += f" weight={weight}"
         if highprio:
             body += " highprio=1"
+        if limit:
+            body += f" limit={limit}"
         self.request("PUT", ALLOC_CTL, body)
 
     def remove_allocation(self, alloc_id: str) -> bool:

@@ -83,6 +83,8 @@ def render(doc: dict[str, Any]) -> str:
                     f"{_wait(i.get('wait_p50_ms')):>10}{_wait(i.get('wait_p99_ms')):>8}  {mem:<26}{pids}")
             if i["starved"]:
                 line += "   STARVED: weight 0, no GPU time (free_weight was 0)"
+            if i.get("limit", 100) < 100:
+                line += f"   LIMIT {i['limit']} %, throttled {i.get('throttled_seconds', 0.0):.1f} s"
             out.append(line)
     if not any_inst:
         out.append("(no instances)")

@@ -236,7 +236,8 @@ static int request(int fd, const mp_writer *w, const char *want, const char *wha
 
 static void write_register(mp_writer *w, uint8_t *b, size_t cap) {
     const cgpu_env *e = &cgpu_cfg;
-    begin(w, b, cap, "register", (uint32_t)(4 + (e->nmem > 0) + (e->highprio > 0) + (e->core_percent > 0)));
+    begin(w, b, cap, "register",
+          (uint32_t)(4 + (e->nmem > 0) + (e->highprio > 0) + (e->core_percent > 0) + (e->core_limit > 0)));
     field_int(w, "id", 1);
     mp_w_str(w, "instance");
     if (e->instance[0])
@@ -260,6 +261,8 @@ static void write_register(mp_writer *w, uint8_t *b, size_t cap) {
         field_int(w, "highprio", 1);
     if (e->core_percent)
         field_int(w, "core_percent", e->core_percent);
+    if (e->core_limit)
+        field_int(w, "limit", e->core_limit);
 }
 
 static int handshake(int fd) {

@@ -175,6 +175,9 @@ int cgpu_parse_env(const char *(*get)(const char *), cgpu_env *e, char *err, int
         e->core_percent = (int)atol(b);
         e->weight = e->core_percent / 5;
     }
+    if ((v = lookup(get, "CGPU_CORE_LIMIT")) &&
+        parse_int("CGPU_CORE_LIMIT", v, 5, 100, &e->core_limit, err, errlen))
+        return -1;
     if ((v = lookup(get, "ALIYUN_COM_GPU_HIGH_PRIO")) &&
         parse_int("ALIYUN_COM_GPU_HIGH_PRIO", v, 0, 1, &e->highprio, err, errlen))
         return -1;

@@ -17,6 +17,7 @@ typedef struct {
     char gpu_uuid[CGPU_MAX_GPUS][88];
     int weight;
     int core_percent; /* a GPU-core percentage (weight = core_percent / 5); 0: none */
+    int core_limit;   /* the most GPU time (%) it asks to be held to, 5..100; 0: none stated */
     int highprio;
     int nmem;                       /* 0: no limit requested */
     int64_t memsize[CGPU_MAX_GPUS]; /* bytes per visible card */

@@ -22,7 +22,7 @@ def arb() -> Arbiter:
 def test_listings(arb: Arbiter) -> None:
     assert tree.read(arb, "", 0).split() == ["version", "default_memsize", "inst_ctl", "upgrade", "0"]
     assert tree.read(arb, "0", 0).split()[-2:] == ["c1", "c2"]
-    assert tree.read(arb, "0/c1", 0).split() == ["id", "weight", "highprio", "memsize", "meminfo"]
+    assert tree.read(arb, "0/c1", 0).split() == ["id", "weight", "highprio", "memsize", "meminfo", "limit"]
 
 
 @pytest.mark.parametrize(("path", "value"), [

@@ -23,8 +23,10 @@ from typing import ClassVar
 
 from arbiterd.core.accounting import running_mean
 from arbiterd.core.effects import Effect, GrantLease
+from arbiterd.core.limits import waterfill
 from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.highprio import HighPriority
+from arbiterd.core.settings import NO_LIMIT
 
 NO_LEASES: Mapping[int, Lease] = MappingProxyType({})
 
@@ -39,6 +41,7 @@ class Policy:
     # the daemon's timer is then left alone)
     release_moves_timer: ClassVar[bool] = True
     bills: bool = True  # its leases are billed when they end (native, in force, has no turns to bill)
+    honours_limits: bool = False  # instances' limits are in force under it (limits.py)
     leases: Mapping[int, Lease] = NO_LEASES  # the leases it keeps itself, by client (the native policy's)
 
     def __init__(self, gpu: Runqueue, hp: HighPriority, now: int) -> None:
@@ -75,12 +78,15 @@ class Policy:
         """``client`` of ``inst`` (which it does not hold a lease of) wants the GPU: the effects if it is answered
         at once, else None (it waits, and :meth:`schedule` runs). Here: it joins its instance's current lease."""
         gpu = self.gpu
+        self.refill(now)
         lease = gpu.lease
         if lease is not None and lease.inst is inst and lease.revoked_ns is None and now < lease.deadline_ns:
             lease.clients.add(client)
             return [GrantLease(client, gpu.index, lease.id, lease.deadline_ns, 0)]
         if not inst.waiters and not inst.leases:
             self.demand(inst, now)
+            if inst.limit < NO_LIMIT:
+                self.gpu.bw.woke(inst, now)
         return None
 
     def schedule(self, now: int, arrived: InstanceState | None = None) -> list[Effect]:
@@ -90,6 +96,7 @@ class Policy:
         gpu = self.gpu
         if gpu.draining:
             return []
+        self.refill(now)
         hp = self.hp
         hp.accrue(now)
         lease = gpu.lease
@@ -109,13 +116,15 @@ class Policy:
         """When the scheduler's :meth:`tick` next has something to do for this policy and the current lease."""
         gpu = self.gpu
         lease = gpu.lease
+        refill = gpu.bw.wakeup() if gpu.bw.quotas and self.honours_limits else None
         if lease is not None:
             at = lease.cutoff(overrun_ns)
             hp = self.hp.wakeup(lease)
-            return at if hp is None or hp > at else hp
+            at = at if hp is None or hp > at else hp
+            return at if refill is None or refill > at else refill
         if gpu.draining or not any(i.waiters for i in gpu.instances.values()):
             return None
-        times = [t for t in (self.hp.wakeup(None), self.wakeup()) if t is not None]
+        times = [t for t in (self.hp.wakeup(None), self.wakeup(), refill) if t is not None]
         return min(times) if times else None
 
     def entitled(self, live: list[InstanceState], starved: list[InstanceState], active: Collection[str]
@@ -123,8 +132,11 @@ class Policy:
         """The share of GPU time each instance of ``live`` (weight above 0) and ``starved`` (weight 0 with demand,
         owed what its requested weight would give it) is owed while ``active`` have demand."""
         normals = [i for i in live if not i.highprio]
-        hp, rest = self.hp.shares(active, self.conserving, any(i.name in active for i in normals))
-        out = {**hp, **self.shares(normals, active, rest)}
+        hp, rest = self.hp.shares(active, self.conserving, any(i.name in active for i in normals), self.limited())
+        ours = self.shares(normals, active, rest)
+        out = {**hp, **ours}
+        if self.honours_limits and any(i.limit < NO_LIMIT for i in live):
+            out = self.capped(normals, active, out, rest - sum(ours.values()))
         for inst in starved:
             ghost = dataclasses.replace(inst, weight=min(inst.requested, self.gpu.settings.max_inst))
             if inst.highprio:
@@ -133,6 +145,45 @@ class Policy:
             else:
                 out[inst.name] = self.shares([*normals, ghost], active, rest)[inst.name]
         return out
+
+    def limited(self) -> bool:
+        """Whether limits shape the shares now: they are in force, and some instance has one."""
+        return self.honours_limits and bool(self.gpu.bw.quotas)
+
+    def capped(self, normals: list[InstanceState], active: Collection[str], out: dict[str, float], left: float
+               ) -> dict[str, float]:
+        """The shares ``out`` under the normal instances' limits (the high-priority ones' are already in):
+        :meth:`shares` split ``left`` of what high priority leaves; on a work-conserving policy the normal
+        instances with demand water-fill it under their limits, and what they leave goes to the high-priority
+        ones with demand below theirs (time no normal instance wants); elsewhere each keeps ``min(share,
+        limit)`` and the rest passes idle."""
+        caps = {i.name: i.limit / 100 for i in normals if i.limit < NO_LIMIT}
+        if not self.conserving:
+            return {n: min(s, caps.get(n, s)) for n, s in out.items()}
+        want = [i for i in normals if i.name in active]
+        total = sum(out[i.name] for i in want) + left
+        out.update(waterfill({i.name: self.vtime_weight(i) for i in want}, caps, total))
+        spare = total - sum(out[i.name] for i in want)
+        hp = [i for i in self.hp.members if i.weight > 0 and i.name in active]
+        if spare > 1e-12 and hp:
+            base = {i.name: out.get(i.name, 0.0) for i in hp}
+            more = waterfill({i.name: i.weight for i in hp},
+                             {i.name: i.limit / 100 - base[i.name] for i in hp if i.limit < NO_LIMIT}, spare)
+            for name, extra in more.items():
+                out[name] = base[name] + extra
+        return out
+
+    def refill(self, now: int) -> None:
+        """Start the limits' periods that began by ``now`` (limits.py), before anything is decided at ``now``."""
+        bw = self.gpu.bw
+        if bw.quotas and now >= bw.next_ns:
+            for inst in bw.refill(now):
+                self.unthrottled(inst, now)
+
+    def unthrottled(self, inst: InstanceState, now: int) -> None:
+        """``inst``, waiting, has runtime again (limits.py): it joins the round as one that gains demand does (it
+        took no turns while throttled, and may not bring back credit from then)."""
+        self.demand(inst, now)
 
     def own_handover(self, inst: InstanceState, kept: int, now: int) -> None:
         """One of ``inst``'s hand-overs was measured (``kept``: what was credited of it): its turns are lengthened

@@ -27,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect
+from arbiterd.core.limits import waterfill
 from arbiterd.core.model import Bill, InstanceState, Lease, Runqueue
-from arbiterd.core.settings import AUTO
+from arbiterd.core.settings import AUTO, NO_LIMIT
 
 WINDOW_NS = NS_PER_S  # the window prio_ratio is kept over: no high-priority turn is longer
 
@@ -95,11 +96,14 @@ class HighPriority:
         self.credit = min(self.credit, self.cap())
 
     def waiting(self) -> bool:
-        """Whether a high-priority instance wants the GPU."""
-        return any(i.weight > 0 and i.waiters for i in self.members)
+        """Whether a high-priority instance wants the GPU (and may have it: one throttled by its limit waits for
+        its next period, and banks no credit meanwhile)."""
+        bw = self.gpu.bw
+        return any(i.weight > 0 and i.waiters and not bw.throttled(i) for i in self.members)
 
     def candidate(self) -> InstanceState | None:
-        return self.gpu.pick([i for i in self.members if i.weight > 0 and i.waiters])
+        bw = self.gpu.bw
+        return self.gpu.pick([i for i in self.members if i.weight > 0 and i.waiters and not bw.throttled(i)])
 
     def ready(self, now: int) -> bool:
         self.accrue(now)
@@ -126,13 +130,15 @@ class HighPriority:
         self.spend(bill.held)
         return max(0, bill.billed - lease.prepaid_ns)
 
-    def shares(self, active: Collection[str], conserving: bool, normal_active: bool,
+    def shares(self, active: Collection[str], conserving: bool, normal_active: bool, limited: bool = False,
                extra: InstanceState | None = None) -> tuple[dict[str, float], float]:
         """What high-priority instances with demand are owed, and what that leaves to the others.
 
         Together they get ``prio_ratio`` %, split by weight, or all of it on a
-        work-conserving policy where no normal instance wants the GPU. ``extra``
-        is counted among them (a starved instance at its requested weight).
+        work-conserving policy where no normal instance wants the GPU; ``limited``:
+        water-filled under their limits (limits.py), what they leave going to the
+        others. ``extra`` is counted among them (a starved instance at its requested
+        weight).
         """
         hp = [i for i in self.members if i.weight > 0 and i.name in active]
         if extra is not None:  # a starved instance, counted at the weight it asked for
@@ -140,6 +146,10 @@ class HighPriority:
         if not hp:
             return {}, 1.0
         ratio = 1.0 if conserving and not normal_active else self.gpu.settings.prio_ratio / 100
+        if limited:
+            out = waterfill({i.name: i.weight for i in hp}, {i.name: i.limit / 100 for i in hp if i.limit < NO_LIMIT},
+                            ratio)
+            return out, 1.0 - sum(out.values())
         total = sum(i.weight for i in hp)
         return {i.name: ratio * i.weight / total for i in hp}, 1.0 - ratio
 

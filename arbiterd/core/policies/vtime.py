@@ -27,6 +27,7 @@ class VirtualTime(Policy):
     """The virtual-time mechanics shared by policies 1, 2 and 4."""
 
     conserving = True
+    honours_limits = True
 
     def demand(self, inst: InstanceState, now: int) -> None:
         """Put an instance that (re)gains demand at the tail of the current round.
@@ -36,7 +37,9 @@ class VirtualTime(Policy):
         counts with the time of its running lease (which is charged only at release).
         """
         gpu = self.gpu
-        active = [i.vruntime for i in gpu.instances.values() if i is not inst and i.weight > 0 and i.waiters]
+        bw = gpu.bw
+        active = [i.vruntime for i in gpu.instances.values()
+                  if i is not inst and i.weight > 0 and i.waiters and not bw.throttled(i)]
         for lease in gpu.holders():
             if lease.inst is not inst and lease.inst.weight > 0:
                 # up to the turn's end only: time past it is debt, charged at the holder's next turn
@@ -57,8 +60,10 @@ class VirtualTime(Policy):
         later cannot claim that time.
         """
         gpu = self.gpu
+        bw = gpu.bw
         active = [i.vruntime for i in gpu.instances.values()
-                  if i.weight > 0 and (i.waiters or i.leases or i is inst or self.counts_for_floor(i))]
+                  if i.weight > 0 and (i.leases or i is inst or self.counts_for_floor(i)
+                                       or (i.waiters and not bw.throttled(i)))]
         if active:
             gpu.min_vr = max(gpu.min_vr, min(active))
 
@@ -78,7 +83,8 @@ class VirtualTime(Policy):
         """Whether another instance wants the GPU that ``inst`` holds: a normal one (a high-priority one with
         credit preempts by itself), or any at all where ``inst`` is high priority, on leftover time."""
         others = self.gpu.instances.values() if inst.highprio else self.gpu.normal_members()
-        return any(i.waiters for i in others if i is not inst and i.weight > 0)
+        bw = self.gpu.bw
+        return any(i.waiters and not bw.throttled(i) for i in others if i is not inst and i.weight > 0)
 
     def pay_debt(self, inst: InstanceState, full: int) -> int:
         """Length of the lease ``inst`` gets for a turn of ``full`` ns after paying its debt.
@@ -111,8 +117,9 @@ class VirtualTime(Policy):
         if self.contended(inst):
             return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
         effects = self.gpu.grant(inst, now, now + max(length + ext, EXTENDED_NS), self, extension=ext)
-        assert self.gpu.lease is not None
-        self.gpu.lease.nominal_ns = now + length + ext
+        lease = self.gpu.lease
+        assert lease is not None
+        lease.nominal_ns = min(now + length + ext, lease.deadline_ns)  # a limit may have cut it (limits.py)
         return effects
 
     def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
@@ -135,9 +142,10 @@ class VirtualTime(Policy):
     def pick(self, now: int) -> list[Effect]:
         """Work-conserving: the least virtual time among instances with demand."""
         gpu = self.gpu
-        candidates = [i for i in gpu.normal_members() if i.waiters]
+        bw = gpu.bw
+        candidates = [i for i in gpu.normal_members() if i.waiters and not bw.throttled(i)]
         if not candidates:  # leftover time goes to high-priority instances past their cap
-            candidates = [i for i in gpu.instances.values() if i.weight > 0 and i.waiters]
+            candidates = [i for i in gpu.instances.values() if i.weight > 0 and i.waiters and not bw.throttled(i)]
         if not candidates:
             return []
         inst, length = self.next_turn(candidates)
@@ -186,6 +194,9 @@ class Weighted(VirtualTime):
     def contended(self, inst: InstanceState) -> bool:
         return any(i is not inst for i in self.gpu.normal_members())
 
+    def unthrottled(self, inst: InstanceState, now: int) -> None:
+        """Its turns passed idle while it was throttled, and were charged: it keeps its place."""
+
     def charge(self, lease: Lease, bill: Bill) -> int:
         """An early release keeps the turn: the rest passes idle unless the owner comes back."""
         early = bill.end < lease.deadline_ns
@@ -204,19 +215,20 @@ class Weighted(VirtualTime):
 
     def pick(self, now: int) -> list[Effect]:
         gpu = self.gpu
+        bw = gpu.bw
         if self.turn is not None:
             owner, end = self.turn
             if now < end:
-                if owner.waiters:
+                if owner.waiters and not bw.throttled(owner):
                     self.turn = None
                     return gpu.grant(owner, now, end, self, prepaid=end - now)
                 return []
             self.turn = None
         members = gpu.normal_members()
-        if not any(i.waiters for i in members):
+        if not any(i.waiters and not bw.throttled(i) for i in members):
             return []
         inst, length = self.next_turn(members)
-        if inst.waiters:
+        if inst.waiters and not bw.throttled(inst):  # a throttled one's turn passes idle, as an idle one's does
             self.owed += gpu.extension_for(inst)
             return self.grant_turn(inst, now, length)
         inst.vruntime += length * VR_SCALE // inst.weight
