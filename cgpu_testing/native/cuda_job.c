@@ -12,6 +12,7 @@
  *   spin=MS,BATCH,START_NS,END_NS                  from START to END: BATCH kernels of MS
  *                                                  queued at once, then a stream sync
  *   nulls=N                                        ns per launch of an empty kernel
+ *   launch=MS                                      one kernel of MS and a stream sync; prints the launch's rc
  *   sleep=MS  ready
  *   serve=MS,BATCH                                 on stdin commands: run (BATCH kernels of MS, a stream
  *                                                  sync, again), pause, dump PATH (batch end times, JSON), quit
@@ -393,6 +394,12 @@ int main(int argc, char **argv) {
             if (sscanf(v, "%lf,%d,%lld,%lld", &ms, &batch, &start, &end) != 4)
                 return 2;
             spin_loop(ms, batch, start, end);
+        } else if (strcmp(a, "launch") == 0) {
+            uint64_t ns = (uint64_t)(atof(v) * 1e6);
+            CUresult r = launch_one(spin_fn, &ns);
+            if (r == CUDA_SUCCESS)
+                CHECK(api.cuStreamSynchronize(stream));
+            printf("launch rc=%d\n", r);
         } else if (strcmp(a, "nulls") == 0) {
             nulls(atol(v));
         } else if (strcmp(a, "sleep") == 0) {

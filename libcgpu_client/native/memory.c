@@ -63,8 +63,8 @@ static int untrack(uint64_t key, int64_t *bytes, int *pos) {
         if ((pos) < 0)                                                     \
             return call;                                                   \
         int got_ = cgpu_mem_reserve((pos), (int64_t)(bytes));              \
-        if (got_ == 0)                                                     \
-            return CUDA_ERROR_OUT_OF_MEMORY;                               \
+        if (got_ == 0 || got_ == -2)                                       \
+            return got_ ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;   \
         CUresult r_ = call;                                                \
         if (r_ != CUDA_SUCCESS) {                                          \
             cgpu_mem_free((pos), (int64_t)(bytes));                        \
@@ -96,20 +96,21 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
         return real(dptr, pitch, width, height, elem);
     /* the pitch is known only afterwards: reserve the usual 512-byte alignment, then settle */
     int64_t guess = (int64_t)(((width + 511) / 512) * 512 * height);
-    if (cgpu_mem_reserve(pos, guess) == 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    int got = cgpu_mem_reserve(pos, guess);
+    if (got == 0 || got == -2)
+        return got ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real(dptr, pitch, width, height, elem);
     if (r != CUDA_SUCCESS) {
         cgpu_mem_free(pos, guess);
         return r;
     }
     int64_t actual = (int64_t)(*pitch * height);
-    if (actual > guess && cgpu_mem_reserve(pos, actual - guess) == 0) {
+    if (actual > guess && ((got = cgpu_mem_reserve(pos, actual - guess)) == 0 || got == -2)) {
         __typeof__(cuMemFree_v2) *rfree = REAL(cuMemFree_v2);
         if (rfree)
             rfree(*dptr);
         cgpu_mem_free(pos, guess);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return got ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < guess)
         cgpu_mem_free(pos, guess - actual);

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -320,3 +321,32 @@ def test_a_core_percentage_registers_weight_p_over_5_on_policy_3(native: Native,
     assert res.returncode == 0, res.stderr
     assert status_of(d, "pct")["weight"] == 9
     assert [d.ctl("cat", p).stdout.strip() for p in ("0/policy", "0/max_inst")] == ["3", "20"]
+
+
+def test_a_refused_registration_fails_gated_calls_with_the_daemons_reason(native: Native,
+                                                                         daemon_factory: type) -> None:
+    """overcommit = refuse and no free weight: the shimmed program's allocation and launch fail at once with
+    CUDA_ERROR_DEVICE_UNAVAILABLE (46) instead of waiting for good, its stderr names the daemon's reason once,
+    and once an operator makes room the same process registers and its next launch runs."""
+    d = daemon_factory.start(*DAEMON, "--overcommit", "refuse")
+    d.ctl("echo", "1", "0/max_inst")
+    d.ctl("echo", "create holder weight=1", "inst_ctl")  # free_weight is 0 now
+    job = start_job(native, d, "alloc=1M", "launch=1", "info", "ready", "sleep=2500", "launch=1", "alloc=1M",
+                    CGPU_INSTANCE="late")
+    assert job.stdout is not None and job.stderr is not None
+    stuck = threading.Timer(10, job.kill)  # a program that waits for good is stopped, and the test fails
+    stuck.start()
+    head = [job.stdout.readline() for _ in range(4)]
+    stuck.cancel()
+    assert [fields(ln)["rc"] for ln in head[:2]] == ["46", "46"], head
+    assert head[2].startswith("info") and head[3].startswith("ready"), head
+    d.ctl("echo", "remove holder", "inst_ctl")  # room: the shim's next attempt (within 1 s) is accepted
+    out, err = job.communicate(timeout=30)
+    assert job.returncode == 0, err
+    assert [ln["rc"] for ln in lines(out, "launch")] == ["0"], out
+    assert [ln["rc"] for ln in lines(out, "alloc")] == ["0"], out
+    refusals = [ln for ln in err.splitlines() if "refused registration" in ln]
+    assert len(refusals) == 1, err  # said once, though it was asked again every second
+    assert "no free weight" in refusals[0] and "CUDA_ERROR_DEVICE_UNAVAILABLE" in refusals[0], refusals
+    assert "accepted" in err
+    assert status_of(d, "late")["weight"] == 1
