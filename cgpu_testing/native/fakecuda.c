@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,6 +94,8 @@ static struct CUfunc_st fn_spin = {0}, fn_null = {1};
 static struct {
     atomic_int inited;
     int ndev, sms;
+    int nphys;                /* FAKECUDA_DEVICES */
+    int phys[MAX_DEVICES];    /* the physical device behind each visible ordinal (CUDA_VISIBLE_DEVICES) */
     int64_t total;
     _Atomic int64_t used[MAX_DEVICES];
     CUcontext primary[MAX_DEVICES];
@@ -233,14 +236,71 @@ static void destroy_context(CUcontext c) {
 
 /* ------------------------------------------------------------ init, devices */
 
+/* Physical device p's UUID, as nvidia-smi -L and NVML print it (the fake NVML and arbiterd's --sim-gpus give
+ * device p the same one). */
+static void uuid_text(int p, char *out, size_t cap) { snprintf(out, cap, "GPU-fa4e0000-0000-0000-0000-%012d", p); }
+
+/* The physical device an entry of CUDA_VISIBLE_DEVICES names, or -1. As the CUDA Programming Guide (CUDA
+ * Environment Variables, CUDA_VISIBLE_DEVICES) says: an integer index, or a GPU UUID in nvidia-smi's form or
+ * any prefix of it (with "GPU-") that names one GPU alone. MIG entries are not modelled (-1). */
+static int visible_entry(const char *e, size_t n) {
+    char *end;
+    if (n > 0 && ((e[0] >= '0' && e[0] <= '9') || e[0] == '-')) {
+        long k = strtol(e, &end, 10);
+        return (size_t)(end - e) == n && k >= 0 && k < D.nphys ? (int)k : -1;
+    }
+    if (n < 5 || strncmp(e, "GPU-", 4) != 0)
+        return -1;
+    int found = -1;
+    for (int p = 0; p < D.nphys; p++) {
+        char u[64];
+        uuid_text(p, u, sizeof u);
+        if (strlen(u) >= n && strncasecmp(u, e, n) == 0) {
+            if (found >= 0)
+                return -1; /* a prefix of more than one GPU names none */
+            found = p;
+        }
+    }
+    return found;
+}
+
+/* Fill D.phys from CUDA_VISIBLE_DEVICES and return the count: unset, every device in order; set, those it
+ * names in its order, up to the first entry that is invalid (or names a device again); empty, none. */
+static int visible_devices(const char *v) {
+    if (!v) {
+        for (int p = 0; p < D.nphys; p++)
+            D.phys[p] = p;
+        return D.nphys;
+    }
+    int n = 0;
+    while (*v && n < MAX_DEVICES) {
+        while (*v == ' ')
+            v++;
+        size_t len = strcspn(v, ",");
+        size_t t = len;
+        while (t && v[t - 1] == ' ')
+            t--;
+        int p = visible_entry(v, t);
+        for (int k = 0; k < n && p >= 0; k++)
+            if (D.phys[k] == p)
+                p = -1;
+        if (p < 0)
+            break;
+        D.phys[n++] = p;
+        v += len + (v[len] == ',');
+    }
+    return n;
+}
+
 EXPORT CUresult cuInit(unsigned int flags) {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&D.mu);
     if (!atomic_load(&D.inited)) {
-        D.ndev = (int)env_long("FAKECUDA_DEVICES", 1);
-        if (D.ndev > MAX_DEVICES)
-            D.ndev = MAX_DEVICES;
+        D.nphys = (int)env_long("FAKECUDA_DEVICES", 1);
+        if (D.nphys > MAX_DEVICES)
+            D.nphys = MAX_DEVICES;
+        D.ndev = visible_devices(getenv("CUDA_VISIBLE_DEVICES"));
         D.sms = (int)env_long("FAKECUDA_SMS", 80);
         D.total = env_long("FAKECUDA_MEM_MB", 16384) * 1024LL * 1024LL;
         const char *trace = getenv("FAKECUDA_TRACE");
@@ -283,9 +343,31 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (d < 0 || d >= D.ndev)
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "cgpu fake GPU %d", d);
+    snprintf(name, (size_t)len, "cgpu fake GPU %d", D.phys[d]);
     return CUDA_SUCCESS;
 }
+
+/* cuDeviceGetUuid (11.4 and later: _v2, which gives a MIG instance's own UUID; no MIG here, so the same) */
+static CUresult device_uuid(CUuuid *uuid, CUdevice d) {
+    CHECK_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    char text[64];
+    uuid_text(D.phys[d], text, sizeof text);
+    int k = 0;
+    for (const char *c = text + 4; *c && k < 32; c++) {
+        if (*c == '-')
+            continue;
+        int nib = *c <= '9' ? *c - '0' : (*c | 0x20) - 'a' + 10;
+        uuid->bytes[k / 2] = (char)(k % 2 ? (uuid->bytes[k / 2] | nib) : nib << 4);
+        k++;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) { return device_uuid(uuid, d); }
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d) { return device_uuid(uuid, d); }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     CHECK_INIT();
@@ -979,6 +1061,7 @@ static const struct {
     V2(cuEventDestroy, 4000), V2(cuMemcpyHtoD, 3020), V2(cuMemcpyDtoH, 3020),
     V2(cuDevicePrimaryCtxRelease, 11000), V2(cuStreamBeginCapture, 10010),
     {"cuGetProcAddress", (void *)cuGetProcAddress, (void *)cuGetProcAddress_v2, NULL, 12000},
+    {"cuDeviceGetUuid", (void *)cuDeviceGetUuid, (void *)cuDeviceGetUuid_v2, NULL, 11040},
     P(cuInit), P(cuDriverGetVersion), P(cuDeviceGet), P(cuDeviceGetCount), P(cuDeviceGetName),
     P(cuDeviceGetAttribute), P(cuDevicePrimaryCtxRetain), P(cuCtxSetCurrent), P(cuCtxGetCurrent),
     P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuStreamCreate), P(cuStreamSynchronize), P(cuStreamQuery),

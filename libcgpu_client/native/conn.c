@@ -28,6 +28,8 @@ static struct {
     _Atomic int started;
     int dgpu[CGPU_MAX_GPUS]; /* the daemon's GPU index of each visible position */
     int64_t limit[CGPU_MAX_GPUS];
+    char uuid[CGPU_MAX_GPUS][96]; /* each visible position's GPU, as the daemon named it */
+    _Atomic int ever;             /* registered once: dgpu and uuid are known */
     int64_t next_id;
     struct { int64_t id; int state; int ok; int64_t used, limit; } pending[MAX_PENDING];
     int64_t restore_id[CGPU_MAX_GPUS]; /* the re-reservation sent after a reconnect */
@@ -125,6 +127,10 @@ int cgpu_conn_connected(void) { return atomic_load(&C.connected); }
 int cgpu_conn_refused(void) { return !atomic_load(&C.connected) && atomic_load(&C.refused); }
 
 int64_t cgpu_conn_limit(int pos) { return C.limit[pos]; }
+
+const char *cgpu_conn_uuid(int pos) { return atomic_load(&C.ever) ? C.uuid[pos] : ""; }
+
+int cgpu_conn_gpu(int pos) { return atomic_load(&C.ever) ? C.dgpu[pos] : -1; }
 
 int cgpu_conn_wait(int wait_ms) {
     struct timespec ts;
@@ -297,6 +303,10 @@ static int handshake(int fd) {
         mp_get_i64(&gpus->v.kids[p], "mem_limit", &lim);
         C.dgpu[p] = (int)idx;
         C.limit[p] = lim;
+        const mp_node *u = mp_get(&gpus->v.kids[p], "uuid");
+        if (!atomic_load(&C.ever)) /* a GPU's UUID does not change: kept from the first registration */
+            snprintf(C.uuid[p], sizeof C.uuid[p], "%.*s", u && u->type == MP_STR ? (int)u->n : 0,
+                     u && u->type == MP_STR ? u->v.s : "");
     }
     const mp_node *warn = mp_get(m, "warnings");
     for (uint32_t i = 0; warn && warn->type == MP_ARRAY && i < warn->n; i++)
@@ -386,6 +396,7 @@ static int connect_socket(void) {
 
 /* Registered: what this process already holds goes back on the (new) daemon's ledger. */
 static void on_registered(int fd) {
+    atomic_store(&C.ever, 1);
     atomic_store(&C.fd, fd);
     atomic_store(&C.connected, 1);
     for (int p = 0; p < cgpu_cfg.ngpus; p++) {

@@ -29,6 +29,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef uint64_t cuuint64_t;
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 
 /* CUresult values (cuda.h) that the shim returns or tests, and the fake driver gives */
 enum {

@@ -123,9 +123,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     REAL_OR_FAIL(cuMemCreate);
     int pos = -1;
     if (cgpu_env_ok && handle) {
-        pos = prop && prop->location.type == 1 ? prop->location.id : cgpu_current_pos();
-        if (pos >= cgpu_cfg.ngpus)
-            pos = -1;
+        pos = prop && prop->location.type == 1 ? cgpu_device_pos(prop->location.id, -1) : cgpu_current_pos();
     }
     RESERVED_ALLOC(pos, size, (uint64_t)*handle | HANDLE_TAG, real(handle, size, prop, flags));
 }
@@ -168,7 +166,8 @@ CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     REAL_OR_FAIL(cuMemGetInfo_v2);
     CUresult r = real(free_b, total_b);
     int64_t used, limit;
-    if (r == CUDA_SUCCESS && cgpu_env_ok && free_b && total_b && limited(cgpu_current_pos(), *total_b, &used, &limit)) {
+    if (r == CUDA_SUCCESS && cgpu_env_ok && free_b && total_b &&
+        limited(cgpu_device_pos(cgpu_current_device(), 2000), *total_b, &used, &limit)) {
         size_t left = limit > used ? (size_t)(limit - used) : 0;
         *total_b = (size_t)limit;
         *free_b = left < *free_b ? left : *free_b;
@@ -180,20 +179,25 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     REAL_OR_FAIL(cuDeviceTotalMem_v2);
     CUresult r = real(bytes, dev);
     int64_t used, limit;
-    if (r == CUDA_SUCCESS && cgpu_env_ok && bytes && dev >= 0 && dev < cgpu_cfg.ngpus &&
-        limited(dev, *bytes, &used, &limit))
+    if (r == CUDA_SUCCESS && cgpu_env_ok && bytes && limited(cgpu_device_pos(dev, 2000), *bytes, &used, &limit))
         *bytes = (size_t)limit;
     return r;
 }
 
 /* ---------------------------------------------------------------------- NVML */
 
+/* NVML numbers GPUs as the daemon does (behaviour §1), whatever CUDA_VISIBLE_DEVICES says. */
 static int nvml_pos(nvmlDevice_t dev) {
     unsigned idx;
     __typeof__(nvmlDeviceGetIndex) *get = REAL(nvmlDeviceGetIndex);
-    if (!cgpu_env_ok || !get || get(dev, &idx) != NVML_SUCCESS || idx >= (unsigned)cgpu_cfg.ngpus)
+    if (!cgpu_env_ok || !get || get(dev, &idx) != NVML_SUCCESS)
         return -1;
-    return (int)idx;
+    cgpu_start();
+    cgpu_conn_wait(2000);
+    for (int p = 0; p < cgpu_cfg.ngpus; p++)
+        if (cgpu_conn_gpu(p) == (int)idx)
+            return p;
+    return cgpu_conn_gpu(0) < 0 && idx < (unsigned)cgpu_cfg.ngpus ? (int)idx : -1; /* never registered */
 }
 
 /* NVML said (total, used, free) for dev: rewrite them as the instance's limit when that is lower.

@@ -58,6 +58,9 @@ CGPU_HIDDEN int cgpu_conn_refused(void);
 /* until registered or refused: forever (< 0) or wait_ms; 1 if registered */
 CGPU_HIDDEN int cgpu_conn_wait(int wait_ms);
 CGPU_HIDDEN int64_t cgpu_conn_limit(int pos); /* the limit learned at registration; 0 if never */
+/* The UUID of GPU pos as the daemon named it at registration ("GPU-..."); "" before one. */
+CGPU_HIDDEN const char *cgpu_conn_uuid(int pos);
+CGPU_HIDDEN int cgpu_conn_gpu(int pos); /* the daemon's index of GPU pos; -1 before a registration */
 CGPU_HIDDEN void cgpu_send_acquire(int pos);
 /* used: grant received to release sent; warmup: grant received to the first launch (0: leave it off) */
 CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int again);

@@ -350,3 +350,60 @@ def test_a_refused_registration_fails_gated_calls_with_the_daemons_reason(native
     assert "no free weight" in refusals[0] and "CUDA_ERROR_DEVICE_UNAVAILABLE" in refusals[0], refusals
     assert "accepted" in err
     assert status_of(d, "late")["weight"] == 1
+
+
+def _run_env(native: Native, d: DaemonProc) -> dict[str, str]:
+    env = {**os.environ, "LD_LIBRARY_PATH": str(native.fakes), "CGPU_SOCKET": d.sock}
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def test_cgpu_run_preloads_the_shim_for_python_programs_on_a_cuda_host(native: Native, daemon_factory: type) -> None:
+    """cgpu-run -- python x.py, with a CUDA driver (the fake) on the host: libcgpu.so is preloaded, so the Python
+    program's own CUDA calls (ctypes, as any framework's) are held to the limit; --device cpu leaves the CPU
+    stand-in to the Python interposer alone (one gate per process)."""
+    d = daemon_factory.start(*DAEMON)
+    env = _run_env(native, d)
+    res = subprocess.run([tool("cgpu-run"), "--instance", "py-auto", "--mem", "1GiB", "--", sys.executable,
+                          str(WORKLOADS / "ctypes_cuda.py"), "dlsym", "2", "5", str(2 * GIB)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = fields("py " + res.stdout.strip())
+    assert got["alloc_rc"] == "2" and got["cuda_total"] == str(GIB), got
+    assert status_of(d, "py-auto")["grants"] >= 1
+    probe = ("import os; from libcgpu_client.native import shim_loaded; "
+             "print(shim_loaded(), os.environ.get('CGPU_NATIVE'))")
+    cpu = subprocess.run([tool("cgpu-run"), "--device", "cpu", "--instance", "py-cpu", "--", sys.executable, "-c",
+                          probe], env=env, capture_output=True, text=True, timeout=60)
+    assert cpu.returncode == 0, cpu.stderr
+    assert cpu.stdout.split() == ["False", "None"]
+
+
+def test_asking_for_the_python_interposer_alone_on_a_cuda_host_says_what_it_does_not_gate(
+        native: Native, daemon_factory: type) -> None:
+    d = daemon_factory.start(*DAEMON)
+    cmd = [tool("cgpu-run"), "--no-native", "--instance", "alone", "--", sys.executable, "-c", "print('ran')"]
+    res = subprocess.run(cmd, env=_run_env(native, d), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ran", res.stderr
+    said = res.stderr.strip().splitlines()
+    assert len(said) == 1 and "CUDA graph replays" in said[0] and "ungated" in said[0], res.stderr
+
+
+def test_without_a_cuda_driver_cgpu_run_says_nothing_and_needs_no_shim(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """No CUDA driver on the host: --no-native is not told anything (there is no CUDA to leave ungated), and a
+    Python program runs without libcgpu.so where this installation has none."""
+    from libcgpu_client import run
+
+    ran: list[dict[str, str]] = []
+    monkeypatch.setattr(run, "cuda_driver_present", lambda: False)
+    monkeypatch.setattr(run, "shim_path", lambda: None)
+    monkeypatch.setattr(run.os, "execvpe", lambda f, a, env: ran.append(dict(env)))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert run.main(["--no-native", "--", "python", "x.py"]) == 0
+    assert run.main(["--", "python", "x.py"]) == 0
+    assert capsys.readouterr().err == ""
+    assert all("LD_PRELOAD" not in env and "CGPU_NATIVE" not in env for env in ran) and len(ran) == 2
+    monkeypatch.setattr(run, "cuda_driver_present", lambda: True)  # a CUDA host with no shim built: an error
+    assert run.main(["--", "python", "x.py"]) == 2
+    assert "libcgpu.so is not built" in capsys.readouterr().err
