@@ -61,6 +61,9 @@ struct CUstream_st {
     uint64_t last_seq; /* the last op queued on this stream */
     int capturing;
     CUgraph graph;
+    int mode;           /* the capture's CUstreamCaptureMode */
+    pthread_t owner;    /* the thread that began it */
+    int invalidated;
 };
 
 struct CUctx_st {
@@ -511,11 +514,15 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     return CUDA_SUCCESS;
 }
 
+static int unsafe_call_prohibited(void);
+
 EXPORT CUresult cuCtxSynchronize(void) {
     CHECK_INIT();
     CUcontext c = current();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (unsafe_call_prohibited())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(c, c->enq_seq);
     return CUDA_SUCCESS;
 }
@@ -551,10 +558,13 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     CHECK_INIT();
+    int legacy = s == NULL || s == (CUstream)0x1;
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (s->capturing)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (legacy && unsafe_call_prohibited())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(s->ctx, s->last_seq);
     return CUDA_SUCCESS;
@@ -562,18 +572,74 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
 
 EXPORT CUresult cuStreamQuery(CUstream s) {
     CHECK_INIT();
+    int legacy = s == NULL || s == (CUstream)0x1;
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (legacy && unsafe_call_prohibited())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&s->ctx->mu);
     int done = s->ctx->done_seq >= s->last_seq;
     pthread_mutex_unlock(&s->ctx->mu);
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+/* Stream capture's rules for "potentially unsafe" calls (cuThreadExchangeStreamCaptureMode in the driver API
+ * reference): a thread in CU_STREAM_CAPTURE_MODE_GLOBAL (the default) may not make one while it has a capture of
+ * its own not begun RELAXED, or while any other thread has a capture begun GLOBAL; in THREAD_LOCAL only its own
+ * capture counts; in RELAXED nothing does. Such a call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
+ * capture it conflicts with is invalidated (its cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+ * Modelled for cuCtxSynchronize, and for cuStreamSynchronize and cuStreamQuery of the legacy stream. */
+#define MAX_CAPTURES 64
+static CUstream captures[MAX_CAPTURES];
+static pthread_mutex_t captures_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int thread_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = thread_capture_mode;
+    thread_capture_mode = (int)*mode;
+    *mode = (CUstreamCaptureMode)old;
+    return CUDA_SUCCESS;
+}
+
+/* 1 when the calling thread may not make a potentially unsafe call now; the captures in the way are invalidated. */
+static int unsafe_call_prohibited(void) {
+    if (thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return 0;
+    int prohibited = 0;
+    pthread_mutex_lock(&captures_mu);
+    for (int k = 0; k < MAX_CAPTURES; k++) {
+        CUstream c = captures[k];
+        if (!c)
+            continue;
+        int mine = pthread_equal(c->owner, pthread_self());
+        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+             thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            prohibited = 1;
+        }
+    }
+    pthread_mutex_unlock(&captures_mu);
+    return prohibited;
+}
+
+static void capture_list(CUstream s, int add) {
+    pthread_mutex_lock(&captures_mu);
+    for (int k = 0; k < MAX_CAPTURES; k++)
+        if (captures[k] == (add ? NULL : s)) {
+            captures[k] = add ? s : NULL;
+            break;
+        }
+    pthread_mutex_unlock(&captures_mu);
+}
+
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    (void)mode;
     CHECK_INIT();
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
     s = resolve_stream(s);
     if (!s || s == &s->ctx->null_stream)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot be captured */
@@ -582,7 +648,11 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     s->graph = calloc(1, sizeof *s->graph);
     if (!s->graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    s->mode = mode;
+    s->owner = pthread_self();
+    s->invalidated = 0;
     s->capturing = 1;
+    capture_list(s, 1);
     return CUDA_SUCCESS;
 }
 
@@ -591,9 +661,17 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
     s = resolve_stream(s);
     if (!s || !s->capturing || !pg)
         return CUDA_ERROR_INVALID_VALUE;
+    capture_list(s, 0);
+    s->capturing = 0;
+    if (s->invalidated) {
+        free(s->graph->ns);
+        free(s->graph);
+        s->graph = NULL;
+        *pg = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
     *pg = s->graph;
     s->graph = NULL;
-    s->capturing = 0;
     return CUDA_SUCCESS;
 }
 
@@ -602,7 +680,8 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
     s = resolve_stream(s);
     if (!s || !st)
         return CUDA_ERROR_INVALID_VALUE;
-    *st = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+          : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
 }
 
@@ -721,6 +800,8 @@ static CUresult launch(CUfunction f, CUstream s, void **params) {
     if (!params || !params[0])
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t ns = *(const uint64_t *)params[0]; /* parameters are copied at launch */
+    if (s->capturing && s->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (s->capturing) {
         CUgraph g = s->graph;
         if (g->n == g->cap) {
@@ -1025,6 +1106,8 @@ static const struct { CUresult code; const char *name, *text; } errors[] = {
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
 };
 
 static CUresult error_lookup(CUresult e, const char **out, int text) {
@@ -1036,8 +1119,12 @@ static CUresult error_lookup(CUresult e, const char **out, int text) {
     *out = NULL;
     return CUDA_ERROR_INVALID_VALUE;
 }
-EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { return s ? error_lookup(e, s, 0) : CUDA_ERROR_INVALID_VALUE; }
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { return s ? error_lookup(e, s, 1) : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+    return s ? error_lookup(e, s, 0) : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+    return s ? error_lookup(e, s, 1) : CUDA_ERROR_INVALID_VALUE;
+}
 
 /* ---------------------------------------------------------- cuGetProcAddress */
 
@@ -1068,7 +1155,7 @@ static const struct {
     P(cuStreamEndCapture), P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord), P(cuEventQuery),
     P(cuEventSynchronize), P(cuEventElapsedTime), P(cuModuleLoadData), P(cuModuleUnload),
     P(cuModuleGetFunction), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
-    P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString),
+    P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString), P(cuThreadExchangeStreamCaptureMode),
 #undef P
 #undef PT
 #undef V2

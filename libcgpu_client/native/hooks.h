@@ -45,6 +45,7 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuCtxPopCurrent_v2, "", 0, 0, 0, LIB_CUDA)                                \
     X(cuStreamIsCapturing, "", 0, 0, 0, LIB_CUDA)                               \
     X(cuDeviceGetUuid, "", 0, 0, 0, LIB_CUDA)                                   \
+    X(cuThreadExchangeStreamCaptureMode, "", 0, 0, 0, LIB_CUDA)                 \
     X(cuDeviceGetUuid_v2, "", 0, 0, 0, LIB_CUDA)                                \
     X(nvmlDeviceGetIndex, "", 0, 0, 0, LIB_NVML)
 
@@ -101,6 +102,7 @@ CUresult cuCtxPushCurrent_v2(CUcontext);
 CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus *);
 CUresult cuDeviceGetUuid(CUuuid *, CUdevice);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *);
 CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned int *);
 

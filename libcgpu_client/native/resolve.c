@@ -147,21 +147,31 @@ CUcontext cgpu_current_context(void) {
     return c;
 }
 
+/* Wait for ctx's queued work. cuCtxSynchronize is a "potentially unsafe" call under stream capture: in the
+ * default (global) interaction mode it would invalidate a global capture open on any thread of the program (PyTorch
+ * captures CUDA graphs so), and one of the calling thread's own. The shim's syncs wait for work already queued and
+ * capture nothing, so they run in relaxed mode (cuThreadExchangeStreamCaptureMode, push-pop as the driver API
+ * reference advises), which no capture prohibits. */
 void cgpu_sync_context(CUcontext ctx) {
     __typeof__(cuCtxSynchronize) *sync = REAL(cuCtxSynchronize);
     if (!sync)
         return;
+    __typeof__(cuThreadExchangeStreamCaptureMode) *xchg = REAL(cuThreadExchangeStreamCaptureMode);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    int relaxed = xchg && xchg(&mode) == CUDA_SUCCESS;
     if (cgpu_current_context() == ctx) {
         sync();
-        return;
+    } else {
+        __typeof__(cuCtxPushCurrent_v2) *push = REAL(cuCtxPushCurrent_v2);
+        __typeof__(cuCtxPopCurrent_v2) *pop = REAL(cuCtxPopCurrent_v2);
+        if (push && pop && push(ctx) == CUDA_SUCCESS) {
+            CUcontext popped;
+            sync();
+            pop(&popped);
+        }
     }
-    __typeof__(cuCtxPushCurrent_v2) *push = REAL(cuCtxPushCurrent_v2);
-    __typeof__(cuCtxPopCurrent_v2) *pop = REAL(cuCtxPopCurrent_v2);
-    if (push && pop && push(ctx) == CUDA_SUCCESS) {
-        CUcontext popped;
-        sync();
-        pop(&popped);
-    }
+    if (relaxed)
+        xchg(&mode); /* the thread's own mode back */
 }
 
 /* CUDA device ordinal -> visible position + 1, -1 when none of ours; 0 until known. The ordinals are the
