@@ -199,8 +199,7 @@ class RowRun:
     def cycle(self, fresh: bool = False) -> None:
         """One cycle (run again while the machine drifted around it); ``fresh``: run alone first."""
         row, args, daemon, ts = self.row, self.args, self.daemon, self.ts
-        for key, value in {**ROW_DEFAULTS, **row.settings}.items():
-            daemon.echo(value, f"0/{key}")
+        write_settings(daemon, row)
         for t in self.busy:  # the processes may have played another row's tenants
             daemon.echo(str(int(t.highprio)), f"0/{ts.instance(t.name)}/highprio")
         if fresh or not self.alone_spans:
@@ -266,8 +265,17 @@ class RowRun:
         return out
 
 
+def write_settings(daemon: DaemonProc, row: Row) -> None:
+    """The GPU's settings of ``row`` (its own over the defaults), in the tree."""
+    for key, value in {**ROW_DEFAULTS, **row.settings}.items():
+        daemon.echo(value, f"0/{key}")
+
+
 def run_row(daemon: DaemonProc, tenants_of: Any, row: Row, args: argparse.Namespace) -> dict[str, Any]:
-    """One row on its own: its cycles one after another (:class:`RowRun`)."""
+    """One row on its own: its cycles one after another (:class:`RowRun`). The row's settings are written
+    before its tenants start: they register as they start, and the last row's max_inst (10 after
+    p3_max10_w3_alone) would refuse p2_3_5_7's third."""
+    write_settings(daemon, row)
     with tenants_of(row) as ts:
         run = RowRun(daemon, ts, row, args)
         while run.more():
@@ -302,6 +310,7 @@ def run_side_by_side(daemon: DaemonProc, tenants_of: Any, rows: list[Row],
     then. The same processes play every row's tenants (the first row's, in order), each cycle writing its row's
     weights and priorities, because instances of a row not running would hold their idle turns on policy 2.
     A row with more cycles than the others runs its rest after theirs."""
+    write_settings(daemon, rows[0])
     with tenants_of(rows[0]) as ts:
         first = [t.name for t in rows[0].tenants]
         runs = []

@@ -5,19 +5,20 @@
              [--idle-ms MS] [--native | --no-native] -- CMD [ARGS...]
 
 It sets the environment of behaviour §6 and puts a start-up hook on PYTHONPATH, so
-that ``cgpu-run -- python train.py`` is arbitrated with no code change. With
-``--native``, and by default when CMD is not a Python program, it also
-preloads libcgpu.so (``LD_PRELOAD``), which gates the CUDA driver API itself;
-the Python interposer then leaves CUDA to it and keeps only the
-CPU-as-simulated-GPU role.
+that ``cgpu-run -- python train.py`` is arbitrated with no code change. Wherever
+the program may use CUDA (every program, Python or not, unless ``--device cpu``),
+it preloads libcgpu.so (``LD_PRELOAD``), which gates the CUDA driver API itself:
+kernels, graph replays and memory of every framework. The Python interposer then
+leaves CUDA to it; it gates only the CPU as a simulated GPU (``--device cpu``).
+One gate per process: the shim for CUDA, or the Python interposer for the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -42,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "arbiterd and its GPU memory is held to a limit.",
         epilog="Example: cgpu-run --device cpu --weight 2 --mem 1GiB -- python train.py",
     )
-    p.add_argument("--gpus", metavar="LIST", help="visible GPUs: indices 0,1 or UUIDs (default 0)")
+    p.add_argument("--gpus", metavar="LIST", help="the instance's GPUs: indices 0,1 as NVML numbers them, or UUIDs "
+                   "(default 0); CUDA_VISIBLE_DEVICES is set to the same list (with CUDA_DEVICE_ORDER=PCI_BUS_ID for "
+                   "indices), so that CUDA shows the program those GPUs, in that order")
     share = p.add_mutually_exclusive_group()
     share.add_argument("--weight", type=int, metavar="N", help="scheduling weight 1..max_inst (default 1)")
     share.add_argument("--core-percent", metavar="P", help="a GPU-core percentage instead of a weight: 5..100 in "
@@ -62,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-ms", metavar="MS", help="give an unused lease back after MS (default 3)")
     native = p.add_mutually_exclusive_group()
     native.add_argument("--native", dest="native", action="store_true", default=None,
-                        help="preload libcgpu.so, which gates the CUDA driver API (default when CMD is "
-                             "not a Python program)")
+                        help="preload libcgpu.so, which gates the CUDA driver API (the default, Python programs "
+                             "included, unless --device cpu)")
     native.add_argument("--no-native", dest="native", action="store_false",
-                        help="do not preload libcgpu.so (only the Python interposer acts)")
+                        help="do not preload libcgpu.so: only the Python interposer acts, and it gates PyTorch "
+                             "operators only (told in one line where a CUDA driver is present)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the program and its arguments")
     return p
 
@@ -93,6 +97,10 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     if args.gpus is not None:
         env["ALIYUN_COM_GPU_VISIBLE_DEVICES"] = args.gpus
+        visible = [g.strip() for g in args.gpus.split(",")]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        if any(g.isdigit() for g in visible):  # NVML's numbering (the daemon's) is the PCI bus order
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if args.weight is not None:  # a flag wins over what the environment already says
         env["ALIYUN_COM_GPU_SCHD_WEIGHT"] = str(args.weight)
         env.pop("CGPU_CORE_PERCENT", None)
@@ -141,17 +149,19 @@ def cpu_sharing_defaults(env: dict[str, str], parsed: ClientEnv) -> None:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def is_python(cmd0: str) -> bool:
-    """CMD is a Python interpreter, or a script whose #! line names one."""
-    if Path(cmd0).name.startswith("python"):
-        return True
-    path = shutil.which(cmd0)
+# what the Python interposer leaves ungated on a GPU, said when a program asks for it alone there
+PYTHON_ONLY = ("cgpu-run: --no-native: only the Python interposer acts, and it gates PyTorch operators alone: "
+               "CUDA graph replays, Triton, AOTInductor and extension kernels, and other frameworks' CUDA work "
+               "(JAX, TensorFlow, CuPy, C/C++) run ungated and uncounted")
+
+
+def cuda_driver_present() -> bool:
+    """The CUDA driver (libcuda.so.1) loads here: a program may use CUDA."""
     try:
-        with open(path or cmd0, "rb") as f:
-            first = f.readline(256)
+        ctypes.CDLL("libcuda.so.1")
     except OSError:
         return False
-    return first.startswith(b"#!") and b"python" in first
+    return True
 
 
 def add_native(env: dict[str, str], shim: Path) -> None:
@@ -171,18 +181,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         env = build_env(args, dict(os.environ))
-        cpu_sharing_defaults(env, parse_env(env))
+        parsed = parse_env(env)
+        cpu_sharing_defaults(env, parsed)
     except EnvError as exc:
         print(f"cgpu-run: {flag_error(args, exc)}", file=sys.stderr)
         return 2
-    native = args.native if args.native is not None else not is_python(cmd[0])
-    if native:
-        shim = shim_path()
-        if shim is None:
+    cpu = parsed.device == "cpu"  # the CPU stand-in: the Python interposer's to gate
+    native = args.native if args.native is not None else not cpu
+    shim = shim_path() if native else None
+    if native and shim is None:
+        if args.native is None and not cuda_driver_present():
+            native = False  # no CUDA on this host to gate, and nothing preloaded to gate it with
+        else:
             print("cgpu-run: libcgpu.so is not built in this installation (pip install builds it; "
                   "gcc is needed); use --no-native to run with the Python interposer only", file=sys.stderr)
             return 2
+    if shim is not None:
         add_native(env, shim)
+    elif args.native is False and not cpu and cuda_driver_present():
+        print(PYTHON_ONLY, file=sys.stderr)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:

@@ -398,6 +398,9 @@ def install(rt: Runtime | None = None) -> CgpuMode | None:
         log.warning("cgpu: CGPU_DEVICE=cuda but CUDA is not available; nothing is gated")
     governor = None
     if cuda:
+        log.warning("cgpu: the PyTorch interposer gates CUDA here without libcgpu.so, and only PyTorch operators: "
+                    "CUDA graph replays, Triton, AOTInductor and extension kernels run ungated (cgpu-run preloads "
+                    "libcgpu.so unless --no-native)")
         governor = CudaMemoryGovernor(
             rt, lambda frac, i: torch.cuda.set_per_process_memory_fraction(frac, i),
             lambda i: int(torch.cuda.get_device_properties(i).total_memory))

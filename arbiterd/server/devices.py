@@ -15,6 +15,13 @@ log = logging.getLogger("arbiterd.devices")
 _SIM = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+)\s*$")
 
 
+def sim_uuid(index: int) -> str:
+    """Simulated GPU ``index``'s UUID: hex digits in NVML's form, as a driver reports them (cuDeviceGetUuid gives 16
+    bytes), so that a client maps its CUDA devices to simulated GPUs by UUID as it does to real ones. The test
+    doubles of the driver and NVML (cgpu_testing/native) give their device ``index`` the same UUID."""
+    return f"GPU-fa4e0000-0000-0000-0000-{index:012d}"
+
+
 def parse_sim_gpus(spec: str) -> list[GpuInfo]:
     """``2x16GiB`` -> two simulated GPUs of 16 GiB; ``16GiB,8GiB`` -> one of each."""
     gpus: list[GpuInfo] = []
@@ -29,8 +36,7 @@ def parse_sim_gpus(spec: str) -> list[GpuInfo]:
             raise SettingError(f"sim_gpus: expected 1..64 GPUs of a positive size, got {spec!r}")
         for _ in range(count):
             i = len(gpus)
-            gpus.append(GpuInfo(i, "Simulated GPU", f"GPU-sim-{i:08x}-0000-0000-0000-000000000000",
-                                total, simulated=True))
+            gpus.append(GpuInfo(i, "Simulated GPU", sim_uuid(i), total, simulated=True))
     if len(gpus) > 64:
         raise SettingError(f"sim_gpus: at most 64 GPUs, got {len(gpus)}")
     return gpus
@@ -92,4 +98,4 @@ def discover(sim_gpus: str | None) -> list[GpuInfo]:
         return found
     log.warning("no NVML GPU found: falling back to ONE SIMULATED 16 GiB GPU "
                 "(pass --sim-gpus to choose, or install the NVIDIA driver)")
-    return [GpuInfo(0, "Simulated GPU", "GPU-sim-00000000-0000-0000-0000-000000000000", 16 * GIB, True)]
+    return [GpuInfo(0, "Simulated GPU", sim_uuid(0), 16 * GIB, True)]

@@ -12,6 +12,10 @@
  *   spin=MS,BATCH,START_NS,END_NS                  from START to END: BATCH kernels of MS
  *                                                  queued at once, then a stream sync
  *   nulls=N                                        ns per launch of an empty kernel
+ *   launch=MS                                      one kernel of MS and a stream sync; prints the launch's rc
+ *   capture=N,MS                                   with the lease held (a kernel run first), capture N kernels of
+ *                                                  1 ms in global mode, idle MS inside the capture, end it, then
+ *                                                  replay the graph; prints the end's and the replay's rc
  *   sleep=MS  ready
  *   serve=MS,BATCH                                 on stdin commands: run (BATCH kernels of MS, a stream
  *                                                  sync, again), pause, dump PATH (batch end times, JSON), quit
@@ -393,6 +397,36 @@ int main(int argc, char **argv) {
             if (sscanf(v, "%lf,%d,%lld,%lld", &ms, &batch, &start, &end) != 4)
                 return 2;
             spin_loop(ms, batch, start, end);
+        } else if (strcmp(a, "launch") == 0) {
+            uint64_t ns = (uint64_t)(atof(v) * 1e6);
+            CUresult r = launch_one(spin_fn, &ns);
+            if (r == CUDA_SUCCESS)
+                CHECK(api.cuStreamSynchronize(stream));
+            printf("launch rc=%d\n", r);
+        } else if (strcmp(a, "capture") == 0) {
+            int n;
+            double ms;
+            if (sscanf(v, "%d,%lf", &n, &ms) != 2)
+                return 2;
+            uint64_t one = 1000000;
+            CHECK(launch_one(spin_fn, &one));
+            CHECK(api.cuStreamSynchronize(stream));
+            CUgraph g = NULL;
+            CUgraphExec exec = NULL;
+            CHECK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+            for (int k = 0; k < n; k++)
+                launch_one(spin_fn, &one);
+            usleep((useconds_t)(ms * 1000));
+            CUresult end = api.cuStreamEndCapture(stream, &g), replay = CUDA_ERROR_INVALID_VALUE;
+            if (end == CUDA_SUCCESS && api.cuGraphInstantiateWithFlags(&exec, g, 0) == CUDA_SUCCESS) {
+                replay = api.cuGraphLaunch(exec, stream);
+                if (replay == CUDA_SUCCESS)
+                    replay = api.cuStreamSynchronize(stream);
+                CHECK(api.cuGraphExecDestroy(exec));
+            }
+            if (g)
+                CHECK(api.cuGraphDestroy(g));
+            printf("capture end_rc=%d replay_rc=%d\n", end, replay);
         } else if (strcmp(a, "nulls") == 0) {
             nulls(atol(v));
         } else if (strcmp(a, "sleep") == 0) {

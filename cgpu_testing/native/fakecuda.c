@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +61,9 @@ struct CUstream_st {
     uint64_t last_seq; /* the last op queued on this stream */
     int capturing;
     CUgraph graph;
+    int mode;           /* the capture's CUstreamCaptureMode */
+    pthread_t owner;    /* the thread that began it */
+    int invalidated;
 };
 
 struct CUctx_st {
@@ -93,6 +97,8 @@ static struct CUfunc_st fn_spin = {0}, fn_null = {1};
 static struct {
     atomic_int inited;
     int ndev, sms;
+    int nphys;                /* FAKECUDA_DEVICES */
+    int phys[MAX_DEVICES];    /* the physical device behind each visible ordinal (CUDA_VISIBLE_DEVICES) */
     int64_t total;
     _Atomic int64_t used[MAX_DEVICES];
     CUcontext primary[MAX_DEVICES];
@@ -233,14 +239,71 @@ static void destroy_context(CUcontext c) {
 
 /* ------------------------------------------------------------ init, devices */
 
+/* Physical device p's UUID, as nvidia-smi -L and NVML print it (the fake NVML and arbiterd's --sim-gpus give
+ * device p the same one). */
+static void uuid_text(int p, char *out, size_t cap) { snprintf(out, cap, "GPU-fa4e0000-0000-0000-0000-%012d", p); }
+
+/* The physical device an entry of CUDA_VISIBLE_DEVICES names, or -1. As the CUDA Programming Guide (CUDA
+ * Environment Variables, CUDA_VISIBLE_DEVICES) says: an integer index, or a GPU UUID in nvidia-smi's form or
+ * any prefix of it (with "GPU-") that names one GPU alone. MIG entries are not modelled (-1). */
+static int visible_entry(const char *e, size_t n) {
+    char *end;
+    if (n > 0 && ((e[0] >= '0' && e[0] <= '9') || e[0] == '-')) {
+        long k = strtol(e, &end, 10);
+        return (size_t)(end - e) == n && k >= 0 && k < D.nphys ? (int)k : -1;
+    }
+    if (n < 5 || strncmp(e, "GPU-", 4) != 0)
+        return -1;
+    int found = -1;
+    for (int p = 0; p < D.nphys; p++) {
+        char u[64];
+        uuid_text(p, u, sizeof u);
+        if (strlen(u) >= n && strncasecmp(u, e, n) == 0) {
+            if (found >= 0)
+                return -1; /* a prefix of more than one GPU names none */
+            found = p;
+        }
+    }
+    return found;
+}
+
+/* Fill D.phys from CUDA_VISIBLE_DEVICES and return the count: unset, every device in order; set, those it
+ * names in its order, up to the first entry that is invalid (or names a device again); empty, none. */
+static int visible_devices(const char *v) {
+    if (!v) {
+        for (int p = 0; p < D.nphys; p++)
+            D.phys[p] = p;
+        return D.nphys;
+    }
+    int n = 0;
+    while (*v && n < MAX_DEVICES) {
+        while (*v == ' ')
+            v++;
+        size_t len = strcspn(v, ",");
+        size_t t = len;
+        while (t && v[t - 1] == ' ')
+            t--;
+        int p = visible_entry(v, t);
+        for (int k = 0; k < n && p >= 0; k++)
+            if (D.phys[k] == p)
+                p = -1;
+        if (p < 0)
+            break;
+        D.phys[n++] = p;
+        v += len + (v[len] == ',');
+    }
+    return n;
+}
+
 EXPORT CUresult cuInit(unsigned int flags) {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&D.mu);
     if (!atomic_load(&D.inited)) {
-        D.ndev = (int)env_long("FAKECUDA_DEVICES", 1);
-        if (D.ndev > MAX_DEVICES)
-            D.ndev = MAX_DEVICES;
+        D.nphys = (int)env_long("FAKECUDA_DEVICES", 1);
+        if (D.nphys > MAX_DEVICES)
+            D.nphys = MAX_DEVICES;
+        D.ndev = visible_devices(getenv("CUDA_VISIBLE_DEVICES"));
         D.sms = (int)env_long("FAKECUDA_SMS", 80);
         D.total = env_long("FAKECUDA_MEM_MB", 16384) * 1024LL * 1024LL;
         const char *trace = getenv("FAKECUDA_TRACE");
@@ -283,9 +346,31 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (d < 0 || d >= D.ndev)
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "cgpu fake GPU %d", d);
+    snprintf(name, (size_t)len, "cgpu fake GPU %d", D.phys[d]);
     return CUDA_SUCCESS;
 }
+
+/* cuDeviceGetUuid (11.4 and later: _v2, which gives a MIG instance's own UUID; no MIG here, so the same) */
+static CUresult device_uuid(CUuuid *uuid, CUdevice d) {
+    CHECK_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    char text[64];
+    uuid_text(D.phys[d], text, sizeof text);
+    int k = 0;
+    for (const char *c = text + 4; *c && k < 32; c++) {
+        if (*c == '-')
+            continue;
+        int nib = *c <= '9' ? *c - '0' : (*c | 0x20) - 'a' + 10;
+        uuid->bytes[k / 2] = (char)(k % 2 ? (uuid->bytes[k / 2] | nib) : nib << 4);
+        k++;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) { return device_uuid(uuid, d); }
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d) { return device_uuid(uuid, d); }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     CHECK_INIT();
@@ -429,11 +514,15 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     return CUDA_SUCCESS;
 }
 
+static int unsafe_call_prohibited(void);
+
 EXPORT CUresult cuCtxSynchronize(void) {
     CHECK_INIT();
     CUcontext c = current();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (unsafe_call_prohibited())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(c, c->enq_seq);
     return CUDA_SUCCESS;
 }
@@ -469,10 +558,13 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     CHECK_INIT();
+    int legacy = s == NULL || s == (CUstream)0x1;
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (s->capturing)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (legacy && unsafe_call_prohibited())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(s->ctx, s->last_seq);
     return CUDA_SUCCESS;
@@ -480,18 +572,74 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
 
 EXPORT CUresult cuStreamQuery(CUstream s) {
     CHECK_INIT();
+    int legacy = s == NULL || s == (CUstream)0x1;
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (legacy && unsafe_call_prohibited())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&s->ctx->mu);
     int done = s->ctx->done_seq >= s->last_seq;
     pthread_mutex_unlock(&s->ctx->mu);
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+/* Stream capture's rules for "potentially unsafe" calls (cuThreadExchangeStreamCaptureMode in the driver API
+ * reference): a thread in CU_STREAM_CAPTURE_MODE_GLOBAL (the default) may not make one while it has a capture of
+ * its own not begun RELAXED, or while any other thread has a capture begun GLOBAL; in THREAD_LOCAL only its own
+ * capture counts; in RELAXED nothing does. Such a call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
+ * capture it conflicts with is invalidated (its cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+ * Modelled for cuCtxSynchronize, and for cuStreamSynchronize and cuStreamQuery of the legacy stream. */
+#define MAX_CAPTURES 64
+static CUstream captures[MAX_CAPTURES];
+static pthread_mutex_t captures_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int thread_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = thread_capture_mode;
+    thread_capture_mode = (int)*mode;
+    *mode = (CUstreamCaptureMode)old;
+    return CUDA_SUCCESS;
+}
+
+/* 1 when the calling thread may not make a potentially unsafe call now; the captures in the way are invalidated. */
+static int unsafe_call_prohibited(void) {
+    if (thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return 0;
+    int prohibited = 0;
+    pthread_mutex_lock(&captures_mu);
+    for (int k = 0; k < MAX_CAPTURES; k++) {
+        CUstream c = captures[k];
+        if (!c)
+            continue;
+        int mine = pthread_equal(c->owner, pthread_self());
+        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+             thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            prohibited = 1;
+        }
+    }
+    pthread_mutex_unlock(&captures_mu);
+    return prohibited;
+}
+
+static void capture_list(CUstream s, int add) {
+    pthread_mutex_lock(&captures_mu);
+    for (int k = 0; k < MAX_CAPTURES; k++)
+        if (captures[k] == (add ? NULL : s)) {
+            captures[k] = add ? s : NULL;
+            break;
+        }
+    pthread_mutex_unlock(&captures_mu);
+}
+
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    (void)mode;
     CHECK_INIT();
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
     s = resolve_stream(s);
     if (!s || s == &s->ctx->null_stream)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot be captured */
@@ -500,7 +648,11 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     s->graph = calloc(1, sizeof *s->graph);
     if (!s->graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    s->mode = mode;
+    s->owner = pthread_self();
+    s->invalidated = 0;
     s->capturing = 1;
+    capture_list(s, 1);
     return CUDA_SUCCESS;
 }
 
@@ -509,9 +661,17 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
     s = resolve_stream(s);
     if (!s || !s->capturing || !pg)
         return CUDA_ERROR_INVALID_VALUE;
+    capture_list(s, 0);
+    s->capturing = 0;
+    if (s->invalidated) {
+        free(s->graph->ns);
+        free(s->graph);
+        s->graph = NULL;
+        *pg = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
     *pg = s->graph;
     s->graph = NULL;
-    s->capturing = 0;
     return CUDA_SUCCESS;
 }
 
@@ -520,7 +680,8 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
     s = resolve_stream(s);
     if (!s || !st)
         return CUDA_ERROR_INVALID_VALUE;
-    *st = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+          : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
 }
 
@@ -639,6 +800,8 @@ static CUresult launch(CUfunction f, CUstream s, void **params) {
     if (!params || !params[0])
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t ns = *(const uint64_t *)params[0]; /* parameters are copied at launch */
+    if (s->capturing && s->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (s->capturing) {
         CUgraph g = s->graph;
         if (g->n == g->cap) {
@@ -933,6 +1096,8 @@ static const struct { CUresult code; const char *name, *text; } errors[] = {
     {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
     {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE",
+     "CUDA-capable device(s) is/are busy or unavailable"},
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
@@ -941,6 +1106,8 @@ static const struct { CUresult code; const char *name, *text; } errors[] = {
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
 };
 
 static CUresult error_lookup(CUresult e, const char **out, int text) {
@@ -952,8 +1119,12 @@ static CUresult error_lookup(CUresult e, const char **out, int text) {
     *out = NULL;
     return CUDA_ERROR_INVALID_VALUE;
 }
-EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { return s ? error_lookup(e, s, 0) : CUDA_ERROR_INVALID_VALUE; }
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { return s ? error_lookup(e, s, 1) : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+    return s ? error_lookup(e, s, 0) : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+    return s ? error_lookup(e, s, 1) : CUDA_ERROR_INVALID_VALUE;
+}
 
 /* ---------------------------------------------------------- cuGetProcAddress */
 
@@ -977,13 +1148,14 @@ static const struct {
     V2(cuEventDestroy, 4000), V2(cuMemcpyHtoD, 3020), V2(cuMemcpyDtoH, 3020),
     V2(cuDevicePrimaryCtxRelease, 11000), V2(cuStreamBeginCapture, 10010),
     {"cuGetProcAddress", (void *)cuGetProcAddress, (void *)cuGetProcAddress_v2, NULL, 12000},
+    {"cuDeviceGetUuid", (void *)cuDeviceGetUuid, (void *)cuDeviceGetUuid_v2, NULL, 11040},
     P(cuInit), P(cuDriverGetVersion), P(cuDeviceGet), P(cuDeviceGetCount), P(cuDeviceGetName),
     P(cuDeviceGetAttribute), P(cuDevicePrimaryCtxRetain), P(cuCtxSetCurrent), P(cuCtxGetCurrent),
     P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuStreamCreate), P(cuStreamSynchronize), P(cuStreamQuery),
     P(cuStreamEndCapture), P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord), P(cuEventQuery),
     P(cuEventSynchronize), P(cuEventElapsedTime), P(cuModuleLoadData), P(cuModuleUnload),
     P(cuModuleGetFunction), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
-    P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString),
+    P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString), P(cuThreadExchangeStreamCaptureMode),
 #undef P
 #undef PT
 #undef V2

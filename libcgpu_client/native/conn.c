@@ -28,9 +28,12 @@ static struct {
     _Atomic int started;
     int dgpu[CGPU_MAX_GPUS]; /* the daemon's GPU index of each visible position */
     int64_t limit[CGPU_MAX_GPUS];
+    char uuid[CGPU_MAX_GPUS][96]; /* each visible position's GPU, as the daemon named it */
+    _Atomic int ever;             /* registered once: dgpu and uuid are known */
     int64_t next_id;
     struct { int64_t id; int state; int ok; int64_t used, limit; } pending[MAX_PENDING];
     int64_t restore_id[CGPU_MAX_GPUS]; /* the re-reservation sent after a reconnect */
+    _Atomic int refused;   /* the daemon answered the last handshake with an error other than busy */
     const cgpu_events *ev;
 } C = {
     .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .send_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -121,13 +124,19 @@ static void send_mem_request(int64_t id, int dgpu, int64_t bytes) {
 
 int cgpu_conn_connected(void) { return atomic_load(&C.connected); }
 
+int cgpu_conn_refused(void) { return !atomic_load(&C.connected) && atomic_load(&C.refused); }
+
 int64_t cgpu_conn_limit(int pos) { return C.limit[pos]; }
+
+const char *cgpu_conn_uuid(int pos) { return atomic_load(&C.ever) ? C.uuid[pos] : ""; }
+
+int cgpu_conn_gpu(int pos) { return atomic_load(&C.ever) ? C.dgpu[pos] : -1; }
 
 int cgpu_conn_wait(int wait_ms) {
     struct timespec ts;
     cgpu_deadline_in(&ts, (int64_t)(wait_ms < 0 ? 0 : wait_ms) * 1000000LL);
     pthread_mutex_lock(&C.mu);
-    while (!atomic_load(&C.connected)) {
+    while (!atomic_load(&C.connected) && !atomic_load(&C.refused)) {
         if (wait_ms < 0)
             pthread_cond_wait(&C.cv, &C.mu);
         else if (pthread_cond_timedwait(&C.cv, &C.mu, &ts) != 0)
@@ -215,9 +224,13 @@ static void consume(int k) {
     R.len -= (size_t)k;
 }
 
+/* The daemon's answer to the last handshake when it was an error ("refused registration: why"), and the
+ * last one logged. */
+static char answer[320], said[320];
+
 /* Send what ``w`` holds and read the reply into *m. Returns its length (consume it after
- * use), -1 if the connection failed, or -2 if the daemon answered with anything but
- * ``want``: it refused ``what``, which is logged with the daemon's message. */
+ * use), -1 if the connection failed, -3 if the daemon answered ``busy`` (no room now: try again),
+ * or -2 if it answered with any other error: it refused ``what``. The answer is kept in ``answer``. */
 static int request(int fd, const mp_writer *w, const char *want, const char *what, mp_node **m) {
     if (w->err || send_all(fd, w->buf, w->len) < 0)
         return -1;
@@ -225,11 +238,12 @@ static int request(int fd, const mp_writer *w, const char *want, const char *wha
     if (k < 0)
         return -1;
     if (!mp_str_is(mp_get(*m, "op"), want)) {
-        const mp_node *msg = mp_get(*m, "message");
-        cgpu_log("arbiterd refused %s: %.*s", what, msg && msg->type == MP_STR ? (int)msg->n : 0,
-                 msg && msg->type == MP_STR ? msg->v.s : "");
+        const mp_node *code = mp_get(*m, "code"), *msg = mp_get(*m, "message");
+        int busy = mp_str_is(code, "busy");
+        snprintf(answer, sizeof answer, "%s %s: %.*s", busy ? "put off" : "refused", what,
+                 msg && msg->type == MP_STR ? (int)msg->n : 0, msg && msg->type == MP_STR ? msg->v.s : "");
         consume(k);
-        return -2;
+        return busy ? -3 : -2;
     }
     return k;
 }
@@ -292,6 +306,10 @@ static int handshake(int fd) {
         mp_get_i64(&gpus->v.kids[p], "mem_limit", &lim);
         C.dgpu[p] = (int)idx;
         C.limit[p] = lim;
+        const mp_node *u = mp_get(&gpus->v.kids[p], "uuid");
+        if (!atomic_load(&C.ever)) /* a GPU's UUID does not change: kept from the first registration */
+            snprintf(C.uuid[p], sizeof C.uuid[p], "%.*s", u && u->type == MP_STR ? (int)u->n : 0,
+                     u && u->type == MP_STR ? u->v.s : "");
     }
     const mp_node *warn = mp_get(m, "warnings");
     for (uint32_t i = 0; warn && warn->type == MP_ARRAY && i < warn->n; i++)
@@ -381,6 +399,7 @@ static int connect_socket(void) {
 
 /* Registered: what this process already holds goes back on the (new) daemon's ledger. */
 static void on_registered(int fd) {
+    atomic_store(&C.ever, 1);
     atomic_store(&C.fd, fd);
     atomic_store(&C.connected, 1);
     for (int p = 0; p < cgpu_cfg.ngpus; p++) {
@@ -399,6 +418,27 @@ static void on_registered(int fd) {
     C.ev->connected();
 }
 
+/* The daemon answered the handshake with an error: refused (gated calls fail until it accepts one) or
+ * busy (they wait). Said once, and again only when the answer changes. */
+static void on_answer(int refused) {
+    if (strcmp(said, answer) != 0) {
+        memcpy(said, answer, sizeof said);
+        if (refused)
+            cgpu_log("arbiterd %s; GPU calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE (%d) until it accepts this "
+                     "process", answer, CGPU_REFUSED_ERROR);
+        else
+            cgpu_log("arbiterd %s; GPU work waits until it has room", answer);
+    }
+    if (!refused)
+        atomic_store(&C.refused, 0);
+    if (refused && !atomic_exchange(&C.refused, 1)) {
+        pthread_mutex_lock(&C.mu);
+        pthread_cond_broadcast(&C.cv);
+        pthread_mutex_unlock(&C.mu);
+        C.ev->refused();
+    }
+}
+
 static void *reader_main(void *arg) {
     (void)arg;
     int backoff_ms = 20, ever = 0, warned = 0;
@@ -411,7 +451,9 @@ static void *reader_main(void *arg) {
         if (hs < 0) {
             if (fd >= 0)
                 close(fd);
-            if (!warned++)
+            if (hs == -2 || hs == -3)
+                on_answer(hs == -2);
+            else if (!warned++)
                 cgpu_log("cannot reach arbiterd at %s; %s", cgpu_cfg.socket,
                          cgpu_cfg.on_loss_run ? "running unchecked meanwhile" : "GPU work waits");
             struct timespec ts = {backoff_ms / 1000, (backoff_ms % 1000) * 1000000L};
@@ -419,8 +461,11 @@ static void *reader_main(void *arg) {
             backoff_ms = backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2;
             continue;
         }
-        if (ever)
+        if (atomic_exchange(&C.refused, 0))
+            cgpu_log("arbiterd accepted this process");
+        else if (ever)
             cgpu_log("reconnected to arbiterd");
+        said[0] = 0;
         ever = 1;
         warned = 0;
         backoff_ms = 20;
@@ -459,6 +504,7 @@ void cgpu_conn_after_fork(void) {
     if (fd >= 0)
         close(fd);
     atomic_store(&C.connected, 0);
+    atomic_store(&C.refused, 0);
     atomic_store(&C.started, 0);
     pthread_mutex_init(&C.mu, NULL);
     pthread_mutex_init(&C.send_mu, NULL);

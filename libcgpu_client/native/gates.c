@@ -69,6 +69,10 @@ int cgpu_gate_slow(cgpu_gate *g) {
             return 1;
         }
         int connected = cgpu_conn_connected();
+        if (cgpu_conn_refused()) {
+            pthread_mutex_unlock(&g->mu);
+            return -1;
+        }
         if (!connected && cgpu_cfg.on_loss_run) {
             pthread_mutex_unlock(&g->mu);
             return 0;
@@ -140,9 +144,10 @@ static void each_gate_broadcast(int reset) {
 
 static void on_lost(void) { each_gate_broadcast(1); }
 static void on_connected(void) { each_gate_broadcast(0); }
+static void on_refused(void) { each_gate_broadcast(0); }
 static int64_t held_bytes(int pos) { return atomic_load(&cgpu_gates[pos].mem_used); }
 
-static const cgpu_events events = {on_grant, on_revoke, on_lost, on_connected, held_bytes};
+static const cgpu_events events = {on_grant, on_revoke, on_lost, on_connected, on_refused, held_bytes};
 
 /* ------------------------------------------------------------ idle thread */
 
@@ -206,6 +211,8 @@ int cgpu_mem_reserve(int pos, int64_t bytes) {
     cgpu_start();
     for (;;) {
         if (!cgpu_conn_wait(cgpu_cfg.on_loss_run ? 0 : -1)) {
+            if (cgpu_conn_refused())
+                return -2;
             atomic_fetch_add(&cgpu_gates[pos].mem_used, bytes); /* on_loss=run: unchecked */
             return -1;
         }

@@ -44,6 +44,9 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuCtxPushCurrent_v2, "", 0, 0, 0, LIB_CUDA)                               \
     X(cuCtxPopCurrent_v2, "", 0, 0, 0, LIB_CUDA)                                \
     X(cuStreamIsCapturing, "", 0, 0, 0, LIB_CUDA)                               \
+    X(cuDeviceGetUuid, "", 0, 0, 0, LIB_CUDA)                                   \
+    X(cuThreadExchangeStreamCaptureMode, "", 0, 0, 0, LIB_CUDA)                 \
+    X(cuDeviceGetUuid_v2, "", 0, 0, 0, LIB_CUDA)                                \
     X(nvmlDeviceGetIndex, "", 0, 0, 0, LIB_NVML)
 
 #define AS_ENUM(name, base, lo, hi, ptsz, lib) H_##name,
@@ -98,6 +101,9 @@ CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuCtxPushCurrent_v2(CUcontext);
 CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus *);
+CUresult cuDeviceGetUuid(CUuuid *, CUdevice);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *);
+CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned int *);
 
 /* The real entry point idx (an H_ value); NULL when the driver lacks it. */
@@ -111,7 +117,11 @@ CGPU_HIDDEN void *cgpu_real(int idx);
 
 CGPU_HIDDEN CUcontext cgpu_current_context(void);
 CGPU_HIDDEN void cgpu_sync_context(CUcontext ctx);
-/* The visible position of the current context's device; -1 when not one of ours. */
-CGPU_HIDDEN int cgpu_current_pos(void);
+/* The visible position (in ALIYUN_COM_GPU_VISIBLE_DEVICES) of CUDA device ordinal dev: the registered GPU with
+ * the device's UUID; -1 when it is none of them. Learned once per device, after waiting for the registration up
+ * to wait_ms (< 0: as the gates wait, for good unless CGPU_ON_DAEMON_LOSS=run). */
+CGPU_HIDDEN int cgpu_device_pos(CUdevice dev, int wait_ms);
+CGPU_HIDDEN CUdevice cgpu_current_device(void); /* -1 with no current context */
+CGPU_HIDDEN int cgpu_current_pos(void);         /* cgpu_device_pos of the current context's device, as gates wait */
 
 #endif

@@ -19,9 +19,11 @@ static int slow(cgpu_gate *g, CUstream stream) {
         if (pos_ < 0)                                                \
             return call;                                             \
         cgpu_gate *g_ = &cgpu_gates[pos_];                           \
-        int counted_ = cgpu_gate_enter(g_) || slow(g_, stream);      \
+        int counted_ = cgpu_gate_enter(g_) ? 1 : slow(g_, stream);   \
+        if (counted_ < 0)                                            \
+            return CGPU_REFUSED_ERROR;                               \
         CUresult r_ = call;                                          \
-        if (counted_)                                                \
+        if (counted_ > 0)                                            \
             cgpu_gate_leave(g_);                                     \
         return r_;                                                   \
     } while (0)

@@ -63,8 +63,8 @@ static int untrack(uint64_t key, int64_t *bytes, int *pos) {
         if ((pos) < 0)                                                     \
             return call;                                                   \
         int got_ = cgpu_mem_reserve((pos), (int64_t)(bytes));              \
-        if (got_ == 0)                                                     \
-            return CUDA_ERROR_OUT_OF_MEMORY;                               \
+        if (got_ == 0 || got_ == -2)                                       \
+            return got_ ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;   \
         CUresult r_ = call;                                                \
         if (r_ != CUDA_SUCCESS) {                                          \
             cgpu_mem_free((pos), (int64_t)(bytes));                        \
@@ -96,20 +96,21 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
         return real(dptr, pitch, width, height, elem);
     /* the pitch is known only afterwards: reserve the usual 512-byte alignment, then settle */
     int64_t guess = (int64_t)(((width + 511) / 512) * 512 * height);
-    if (cgpu_mem_reserve(pos, guess) == 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    int got = cgpu_mem_reserve(pos, guess);
+    if (got == 0 || got == -2)
+        return got ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real(dptr, pitch, width, height, elem);
     if (r != CUDA_SUCCESS) {
         cgpu_mem_free(pos, guess);
         return r;
     }
     int64_t actual = (int64_t)(*pitch * height);
-    if (actual > guess && cgpu_mem_reserve(pos, actual - guess) == 0) {
+    if (actual > guess && ((got = cgpu_mem_reserve(pos, actual - guess)) == 0 || got == -2)) {
         __typeof__(cuMemFree_v2) *rfree = REAL(cuMemFree_v2);
         if (rfree)
             rfree(*dptr);
         cgpu_mem_free(pos, guess);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return got ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < guess)
         cgpu_mem_free(pos, guess - actual);
@@ -122,9 +123,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     REAL_OR_FAIL(cuMemCreate);
     int pos = -1;
     if (cgpu_env_ok && handle) {
-        pos = prop && prop->location.type == 1 ? prop->location.id : cgpu_current_pos();
-        if (pos >= cgpu_cfg.ngpus)
-            pos = -1;
+        pos = prop && prop->location.type == 1 ? cgpu_device_pos(prop->location.id, -1) : cgpu_current_pos();
     }
     RESERVED_ALLOC(pos, size, (uint64_t)*handle | HANDLE_TAG, real(handle, size, prop, flags));
 }
@@ -167,7 +166,8 @@ CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     REAL_OR_FAIL(cuMemGetInfo_v2);
     CUresult r = real(free_b, total_b);
     int64_t used, limit;
-    if (r == CUDA_SUCCESS && cgpu_env_ok && free_b && total_b && limited(cgpu_current_pos(), *total_b, &used, &limit)) {
+    if (r == CUDA_SUCCESS && cgpu_env_ok && free_b && total_b &&
+        limited(cgpu_device_pos(cgpu_current_device(), 2000), *total_b, &used, &limit)) {
         size_t left = limit > used ? (size_t)(limit - used) : 0;
         *total_b = (size_t)limit;
         *free_b = left < *free_b ? left : *free_b;
@@ -179,20 +179,25 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     REAL_OR_FAIL(cuDeviceTotalMem_v2);
     CUresult r = real(bytes, dev);
     int64_t used, limit;
-    if (r == CUDA_SUCCESS && cgpu_env_ok && bytes && dev >= 0 && dev < cgpu_cfg.ngpus &&
-        limited(dev, *bytes, &used, &limit))
+    if (r == CUDA_SUCCESS && cgpu_env_ok && bytes && limited(cgpu_device_pos(dev, 2000), *bytes, &used, &limit))
         *bytes = (size_t)limit;
     return r;
 }
 
 /* ---------------------------------------------------------------------- NVML */
 
+/* NVML numbers GPUs as the daemon does (behaviour §1), whatever CUDA_VISIBLE_DEVICES says. */
 static int nvml_pos(nvmlDevice_t dev) {
     unsigned idx;
     __typeof__(nvmlDeviceGetIndex) *get = REAL(nvmlDeviceGetIndex);
-    if (!cgpu_env_ok || !get || get(dev, &idx) != NVML_SUCCESS || idx >= (unsigned)cgpu_cfg.ngpus)
+    if (!cgpu_env_ok || !get || get(dev, &idx) != NVML_SUCCESS)
         return -1;
-    return (int)idx;
+    cgpu_start();
+    cgpu_conn_wait(2000);
+    for (int p = 0; p < cgpu_cfg.ngpus; p++)
+        if (cgpu_conn_gpu(p) == (int)idx)
+            return p;
+    return cgpu_conn_gpu(0) < 0 && idx < (unsigned)cgpu_cfg.ngpus ? (int)idx : -1; /* never registered */
 }
 
 /* NVML said (total, used, free) for dev: rewrite them as the instance's limit when that is lower.

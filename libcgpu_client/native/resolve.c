@@ -9,7 +9,9 @@
  * The shim itself calls the real entry points (cgpu_real) and the context helpers here. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "hooks.h"
 
@@ -145,29 +147,80 @@ CUcontext cgpu_current_context(void) {
     return c;
 }
 
+/* Wait for ctx's queued work. cuCtxSynchronize is a "potentially unsafe" call under stream capture: in the
+ * default (global) interaction mode it would invalidate a global capture open on any thread of the program (PyTorch
+ * captures CUDA graphs so), and one of the calling thread's own. The shim's syncs wait for work already queued and
+ * capture nothing, so they run in relaxed mode (cuThreadExchangeStreamCaptureMode, push-pop as the driver API
+ * reference advises), which no capture prohibits. */
 void cgpu_sync_context(CUcontext ctx) {
     __typeof__(cuCtxSynchronize) *sync = REAL(cuCtxSynchronize);
     if (!sync)
         return;
+    __typeof__(cuThreadExchangeStreamCaptureMode) *xchg = REAL(cuThreadExchangeStreamCaptureMode);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    int relaxed = xchg && xchg(&mode) == CUDA_SUCCESS;
     if (cgpu_current_context() == ctx) {
         sync();
-        return;
+    } else {
+        __typeof__(cuCtxPushCurrent_v2) *push = REAL(cuCtxPushCurrent_v2);
+        __typeof__(cuCtxPopCurrent_v2) *pop = REAL(cuCtxPopCurrent_v2);
+        if (push && pop && push(ctx) == CUDA_SUCCESS) {
+            CUcontext popped;
+            sync();
+            pop(&popped);
+        }
     }
-    __typeof__(cuCtxPushCurrent_v2) *push = REAL(cuCtxPushCurrent_v2);
-    __typeof__(cuCtxPopCurrent_v2) *pop = REAL(cuCtxPopCurrent_v2);
-    if (push && pop && push(ctx) == CUDA_SUCCESS) {
-        CUcontext popped;
-        sync();
-        pop(&popped);
-    }
+    if (relaxed)
+        xchg(&mode); /* the thread's own mode back */
 }
 
-int cgpu_current_pos(void) {
-    if (cgpu_cfg.ngpus == 1)
-        return 0;
+/* CUDA device ordinal -> visible position + 1, -1 when none of ours; 0 until known. The ordinals are the
+ * driver's, after CUDA_VISIBLE_DEVICES: a UUID is the one name both the driver and the daemon (NVML) give a GPU. */
+static _Atomic int pos_of[CGPU_MAX_GPUS * 4];
+
+static int uuid_of(CUdevice dev, char *out, size_t cap) {
+    __typeof__(cuDeviceGetUuid_v2) *get = REAL(cuDeviceGetUuid_v2);
+    if (!get)
+        get = REAL(cuDeviceGetUuid);
+    CUuuid u;
+    if (!get || get(&u, dev) != CUDA_SUCCESS)
+        return -1;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    snprintf(out, cap, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return 0;
+}
+
+int cgpu_device_pos(CUdevice dev, int wait_ms) {
+    if (dev < 0 || dev >= (int)(sizeof pos_of / sizeof pos_of[0]))
+        return -1;
+    int known = atomic_load_explicit(&pos_of[dev], memory_order_relaxed);
+    if (known)
+        return known > 0 ? known - 1 : -1;
+    cgpu_start(); /* the daemon names the instance's GPUs when it registers this process */
+    if (!cgpu_conn_wait(wait_ms >= 0 ? wait_ms : cgpu_cfg.on_loss_run ? 0 : -1) && !cgpu_conn_uuid(0)[0])
+        return dev < cgpu_cfg.ngpus ? dev : -1; /* never registered (refused, or running unchecked): by ordinal */
+    char uuid[48];
+    if (uuid_of(dev, uuid, sizeof uuid) < 0)
+        return dev < cgpu_cfg.ngpus ? dev : -1; /* a driver without device UUIDs */
+    int pos = -1;
+    for (int p = 0; p < cgpu_cfg.ngpus && pos < 0; p++)
+        if (strcasecmp(cgpu_conn_uuid(p), uuid) == 0)
+            pos = p;
+    if (pos < 0)
+        cgpu_log("CUDA device %d (%s) is none of this instance's GPUs: its work is not gated or counted; set "
+                 "CUDA_VISIBLE_DEVICES to the GPUs of ALIYUN_COM_GPU_VISIBLE_DEVICES (cgpu-run --gpus does)",
+                 dev, uuid);
+    atomic_store(&pos_of[dev], pos >= 0 ? pos + 1 : -1);
+    return pos;
+}
+
+CUdevice cgpu_current_device(void) {
     CUdevice dev = -1;
     __typeof__(cuCtxGetDevice) *get = REAL(cuCtxGetDevice);
-    if (!get || get(&dev) != CUDA_SUCCESS || dev < 0 || dev >= cgpu_cfg.ngpus)
+    if (!get || get(&dev) != CUDA_SUCCESS)
         return -1;
     return dev;
 }
+
+int cgpu_current_pos(void) { return cgpu_device_pos(cgpu_current_device(), -1); }

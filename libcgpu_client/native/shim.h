@@ -21,6 +21,10 @@
 
 #define CGPU_HIDDEN __attribute__((visibility("hidden")))
 
+/* What a gated call returns while arbiterd refuses this process's registration (behaviour §1): the
+ * driver's code for a device that is "unavailable at the current time", as under an exclusive compute mode. */
+#define CGPU_REFUSED_ERROR CUDA_ERROR_DEVICE_UNAVAILABLE
+
 static inline int64_t cgpu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -42,14 +46,21 @@ typedef struct {
     void (*revoke)(int pos, uint64_t lease);
     void (*lost)(void);             /* every lease is gone */
     void (*connected)(void);        /* registered (again) */
+    void (*refused)(void);          /* the daemon refused the registration */
     int64_t (*held_bytes)(int pos); /* memory this process holds, re-reserved after a reconnect */
 } cgpu_events;
 
 CGPU_HIDDEN void cgpu_conn_init(void);                   /* at load */
 CGPU_HIDDEN void cgpu_conn_start(const cgpu_events *ev); /* the reader thread, once */
 CGPU_HIDDEN int cgpu_conn_connected(void);
-CGPU_HIDDEN int cgpu_conn_wait(int wait_ms); /* until registered: forever (< 0) or wait_ms; 1 if so */
+/* Refused: the daemon's last answer to a registration was an error other than busy (it is asked again). */
+CGPU_HIDDEN int cgpu_conn_refused(void);
+/* until registered or refused: forever (< 0) or wait_ms; 1 if registered */
+CGPU_HIDDEN int cgpu_conn_wait(int wait_ms);
 CGPU_HIDDEN int64_t cgpu_conn_limit(int pos); /* the limit learned at registration; 0 if never */
+/* The UUID of GPU pos as the daemon named it at registration ("GPU-..."); "" before one. */
+CGPU_HIDDEN const char *cgpu_conn_uuid(int pos);
+CGPU_HIDDEN int cgpu_conn_gpu(int pos); /* the daemon's index of GPU pos; -1 before a registration */
 CGPU_HIDDEN void cgpu_send_acquire(int pos);
 /* used: grant received to release sent; warmup: grant received to the first launch (0: leave it off) */
 CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int again);
@@ -103,10 +114,12 @@ static inline int cgpu_gate_enter(cgpu_gate *g) {
 }
 static inline void cgpu_gate_leave(cgpu_gate *g) { atomic_fetch_sub(&g->inflight, 1); }
 
-/* Slow path: waits for a lease. 1: inflight counted; 0: run unchecked (daemon gone, on_loss=run). */
+/* Slow path: waits for a lease. 1: inflight counted; 0: run unchecked (daemon gone, on_loss=run);
+ * -1: fail the call with CGPU_REFUSED_ERROR (the daemon refused this process). */
 CGPU_HIDDEN int cgpu_gate_slow(cgpu_gate *g);
 
-/* Memory against the instance's ledger. reserve: 1 granted, 0 denied, -1 unchecked (no daemon). */
+/* Memory against the instance's ledger. reserve: 1 granted, 0 denied, -1 unchecked (no daemon),
+ * -2 refused (fail with CGPU_REFUSED_ERROR). */
 CGPU_HIDDEN int cgpu_mem_reserve(int pos, int64_t bytes);
 CGPU_HIDDEN void cgpu_mem_free(int pos, int64_t bytes);
 /* The ledger of GPU pos: used and limit (bytes). 0 on success. */

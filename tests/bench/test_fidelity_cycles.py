@@ -215,3 +215,25 @@ def test_the_compared_rows_take_turns_cycle_by_cycle_each_under_its_own_settings
     assert abs(outs[0]["ratio"] - 2.0) < 0.01
     assert [t["name"] for t in outs[1]["tenants"]] == ["H", "N"]
     assert all(abs(t["share_pct"] - 50.0) < 0.2 for t in outs[1]["tenants"])  # the fake splits by weight: 1:1
+
+
+def test_a_row_s_settings_are_in_force_before_its_tenants_start() -> None:
+    """Tenants register as they start: p2_3_5_7's (weights 3, 5, 7) start under the defaults' max_inst 16, not
+    under the 10 that p3_max10_w3_alone, the row before, left in the tree (which refuses the third)."""
+    daemon = FakeDaemon(Clock())
+    seen: dict[str, dict[str, str]] = {}
+
+    class Registering(FakeTenants):
+        def __enter__(self) -> Registering:
+            seen[self.row.name] = dict(self.daemon.settings)
+            return self
+
+    for name in ("p3_max10_w3_alone", "p2_3_5_7"):
+        fidelity.run_row(daemon, lambda r: Registering(daemon, r, 0.0), row(name), args())  # type: ignore[arg-type]
+    assert seen["p3_max10_w3_alone"]["0/max_inst"] == "10"
+    assert seen["p2_3_5_7"]["0/max_inst"] == "16"
+    assert sum(t.weight for t in row("p2_3_5_7").tenants) <= int(seen["p2_3_5_7"]["0/max_inst"])
+    pair = [row(n) for n in fidelity.HP_PAIR]
+    daemon.settings["0/prio_ratio"] = "10"
+    fidelity.run_side_by_side(daemon, lambda r: Registering(daemon, r, 0.0), pair, args())  # type: ignore[arg-type]
+    assert seen[pair[0].name]["0/prio_ratio"] == "50"

@@ -23,7 +23,7 @@ def all_ids(cs: list[Card], resource: Resource) -> list[str]:
 
 
 def card_of(ids: list[str]) -> set[int]:
-    return {int(parse_device_id(i).uuid.split("-")[2], 16) for i in ids}
+    return {int(parse_device_id(i).uuid.split("-")[-1]) for i in ids}
 
 
 def commit(cs: list[Card], resource: Resource, ids: list[str]) -> list[Card]:
@@ -155,7 +155,7 @@ def test_an_allocation_that_would_overcommit_the_card_is_refused() -> None:
     ([], "no devices in the request"),
     (["nonsense"], "is not a cgpu device ID"),
     ([f"{sim_uuid(0)}-core-1"], "belongs to aliyun.com/gpu-core.percentage"),
-    ([f"{sim_uuid(5)}-mem-1"], "names GPU GPU-sim-00000005-.*which arbiterd does not report"),
+    ([f"{sim_uuid(5)}-mem-1"], "names GPU GPU-fa4e0000-0000-0000-0000-000000000005.*which arbiterd does not report"),
     ([f"{sim_uuid(0)}-mem-16"], "past the last unit of GPU 0"),
     ([f"{sim_uuid(0)}-mem-1", f"{sim_uuid(0)}-mem-1"], "names a device twice"),
 ])

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -320,3 +321,119 @@ def test_a_core_percentage_registers_weight_p_over_5_on_policy_3(native: Native,
     assert res.returncode == 0, res.stderr
     assert status_of(d, "pct")["weight"] == 9
     assert [d.ctl("cat", p).stdout.strip() for p in ("0/policy", "0/max_inst")] == ["3", "20"]
+
+
+def test_a_refused_registration_fails_gated_calls_with_the_daemons_reason(native: Native,
+                                                                         daemon_factory: type) -> None:
+    """overcommit = refuse and no free weight: the shimmed program's allocation and launch fail at once with
+    CUDA_ERROR_DEVICE_UNAVAILABLE (46) instead of waiting for good, its stderr names the daemon's reason once,
+    and once an operator makes room the same process registers and its next launch runs."""
+    d = daemon_factory.start(*DAEMON, "--overcommit", "refuse")
+    d.ctl("echo", "1", "0/max_inst")
+    d.ctl("echo", "create holder weight=1", "inst_ctl")  # free_weight is 0 now
+    job = start_job(native, d, "alloc=1M", "launch=1", "info", "ready", "sleep=2500", "launch=1", "alloc=1M",
+                    CGPU_INSTANCE="late")
+    assert job.stdout is not None and job.stderr is not None
+    stuck = threading.Timer(10, job.kill)  # a program that waits for good is stopped, and the test fails
+    stuck.start()
+    head = [job.stdout.readline() for _ in range(4)]
+    stuck.cancel()
+    assert [fields(ln)["rc"] for ln in head[:2]] == ["46", "46"], head
+    assert head[2].startswith("info") and head[3].startswith("ready"), head
+    d.ctl("echo", "remove holder", "inst_ctl")  # room: the shim's next attempt (within 1 s) is accepted
+    out, err = job.communicate(timeout=30)
+    assert job.returncode == 0, err
+    assert [ln["rc"] for ln in lines(out, "launch")] == ["0"], out
+    assert [ln["rc"] for ln in lines(out, "alloc")] == ["0"], out
+    refusals = [ln for ln in err.splitlines() if "refused registration" in ln]
+    assert len(refusals) == 1, err  # said once, though it was asked again every second
+    assert "no free weight" in refusals[0] and "CUDA_ERROR_DEVICE_UNAVAILABLE" in refusals[0], refusals
+    assert "accepted" in err
+    assert status_of(d, "late")["weight"] == 1
+
+
+def _run_env(native: Native, d: DaemonProc) -> dict[str, str]:
+    env = {**os.environ, "LD_LIBRARY_PATH": str(native.fakes), "CGPU_SOCKET": d.sock}
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def test_cgpu_run_preloads_the_shim_for_python_programs_on_a_cuda_host(native: Native, daemon_factory: type) -> None:
+    """cgpu-run -- python x.py, with a CUDA driver (the fake) on the host: libcgpu.so is preloaded, so the Python
+    program's own CUDA calls (ctypes, as any framework's) are held to the limit; --device cpu leaves the CPU
+    stand-in to the Python interposer alone (one gate per process)."""
+    d = daemon_factory.start(*DAEMON)
+    env = _run_env(native, d)
+    res = subprocess.run([tool("cgpu-run"), "--instance", "py-auto", "--mem", "1GiB", "--", sys.executable,
+                          str(WORKLOADS / "ctypes_cuda.py"), "dlsym", "2", "5", str(2 * GIB)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = fields("py " + res.stdout.strip())
+    assert got["alloc_rc"] == "2" and got["cuda_total"] == str(GIB), got
+    assert status_of(d, "py-auto")["grants"] >= 1
+    probe = ("import os; from libcgpu_client.native import shim_loaded; "
+             "print(shim_loaded(), os.environ.get('CGPU_NATIVE'))")
+    cpu = subprocess.run([tool("cgpu-run"), "--device", "cpu", "--instance", "py-cpu", "--", sys.executable, "-c",
+                          probe], env=env, capture_output=True, text=True, timeout=60)
+    assert cpu.returncode == 0, cpu.stderr
+    assert cpu.stdout.split() == ["False", "None"]
+
+
+def test_asking_for_the_python_interposer_alone_on_a_cuda_host_says_what_it_does_not_gate(
+        native: Native, daemon_factory: type) -> None:
+    d = daemon_factory.start(*DAEMON)
+    cmd = [tool("cgpu-run"), "--no-native", "--instance", "alone", "--", sys.executable, "-c", "print('ran')"]
+    res = subprocess.run(cmd, env=_run_env(native, d), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ran", res.stderr
+    said = res.stderr.strip().splitlines()
+    assert len(said) == 1 and "CUDA graph replays" in said[0] and "ungated" in said[0], res.stderr
+
+
+def test_without_a_cuda_driver_cgpu_run_says_nothing_and_needs_no_shim(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """No CUDA driver on the host: --no-native is not told anything (there is no CUDA to leave ungated), and a
+    Python program runs without libcgpu.so where this installation has none."""
+    from libcgpu_client import run
+
+    ran: list[dict[str, str]] = []
+    monkeypatch.setattr(run, "cuda_driver_present", lambda: False)
+    monkeypatch.setattr(run, "shim_path", lambda: None)
+    monkeypatch.setattr(run.os, "execvpe", lambda f, a, env: ran.append(dict(env)))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert run.main(["--no-native", "--", "python", "x.py"]) == 0
+    assert run.main(["--", "python", "x.py"]) == 0
+    assert capsys.readouterr().err == ""
+    assert all("LD_PRELOAD" not in env and "CGPU_NATIVE" not in env for env in ran) and len(ran) == 2
+    monkeypatch.setattr(run, "cuda_driver_present", lambda: True)  # a CUDA host with no shim built: an error
+    assert run.main(["--", "python", "x.py"]) == 2
+    assert "libcgpu.so is not built" in capsys.readouterr().err
+
+
+def test_a_capture_stays_valid_while_the_shim_syncs_and_its_replays_are_gated(native: Native,
+                                                                              daemon_factory: type) -> None:
+    """A program holds its lease, then captures a graph in global mode (PyTorch's default) and stays inside the
+    capture for 50 ms: the shim's idle thread gives the lease back meanwhile, synchronising the context from
+    another thread, which under CUDA's capture rules (the fake enforces them) invalidates a global capture unless
+    the syncing thread is in relaxed mode. The capture must end valid, its replay run under a lease and be billed;
+    and the same capture alone, with no shim, is valid too (the fake's rules do not fail it by themselves)."""
+    d = daemon_factory.start(*DAEMON)
+    res = run_job(native, d, "capture=4,50", "capture=2,20", CGPU_INSTANCE="graphs")
+    assert res.returncode == 0, res.stderr
+    assert [(ln["end_rc"], ln["replay_rc"]) for ln in lines(res.stdout, "capture")] == [("0", "0")] * 2, res.stdout
+    st = status_of(d, "graphs")
+    assert st["grants"] >= 2 and float(st["held_seconds"]) >= 0.002 + 0.006 * 0.9, st  # type: ignore[operator]
+    bare = run_job(native, None, "capture=4,50", CGPU_DISABLE="1")
+    assert bare.returncode == 0 and lines(bare.stdout, "capture")[0]["end_rc"] == "0", bare.stdout
+
+
+def test_the_fake_driver_enforces_capture_modes(native: Native) -> None:
+    """cuThreadExchangeStreamCaptureMode's rules, on the fake: another thread's cuCtxSynchronize invalidates a
+    global-mode capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then CUDA_ERROR_STREAM_CAPTURE_INVALIDATED at its
+    end), and does not in relaxed or thread-local mode, nor against a capture begun in thread-local mode."""
+    res = subprocess.run([sys.executable, str(WORKLOADS / "capture_modes.py")],
+                         env={**native.env(None), "LD_PRELOAD": "", "CGPU_DISABLE": "1"}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got == {"global/global": [900, 901], "global/relaxed": [0, 0], "global/thread_local": [0, 0],
+                   "thread_local/global": [0, 0], "relaxed/global": [0, 0]}, got
