@@ -89,7 +89,9 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def value(text: str, name: str, **labels: str) -> float:
-    return samples(text)[(name, tuple(sorted(labels.items())))]
+    """The one sample of ``name`` whose labels include ``labels``."""
+    (found,) = [v for (n, have), v in samples(text).items() if n == name and set(labels.items()) <= set(have)]
+    return found
 
 
 @needs_promtool
