@@ -252,7 +252,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                      for k, p in past.items()}
             pids = sorted({arb.clients[c].pid for c in rec.clients if c in arb.clients})
             found = sched.rq.waits.quantiles(rec.name, now)
-            waits = [None, None] if found is None else [round(w / 1e6, 3) for w in found]
+            p50, p99 = (None, None) if found is None else (round(found[0] / 1e6, 3), round(found[1] / 1e6, 3))
             insts.append(InstanceStatus(
                 rec.name, st.weight, int(st.highprio), st.weight == 0, cur.held / 1e9,
                 cur.delivered / 1e9, cur.delivered / 1e9, round(cur.entitled / 1e9, 6), round(cur.owed / 1e9, 6),
@@ -260,7 +260,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 {k: f.entitled_pct for k, f in fair.items()}, {k: f.delivered_pct for k, f in fair.items()},
                 {k: f.error_pp for k, f in fair.items()}, st.grants,
                 rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
-                sched.has_demand(rec.name), *waits, rec.labels.to_json() if rec.labels else None,
+                sched.has_demand(rec.name), p50, p99, rec.labels.to_json() if rec.labels else None,
             ))
         transit, warmup = sched.handover.parts
         gs = GpuStatus(
