@@ -83,9 +83,10 @@ def _plugin_modules() -> dict[str, ast.Module]:
     return seen
 
 
-def plugin_api_calls() -> dict[str, list[str]]:
-    """resource -> verbs, derived from the code: the KubeApi methods the plugin's modules call, and the
-    ResourceV1Api calls in those methods (read_ -> get, list_ -> list, create_, replace_ -> update, delete_)."""
+def plugin_api_calls() -> dict[tuple[str, str], list[str]]:
+    """(API group, resource) -> verbs, derived from the code: the KubeApi methods the plugin's modules call, and the
+    ResourceV1Api (group resource.k8s.io) and CoreV1Api (the core group, "") calls in those methods (read_ -> get,
+    list_ -> list, create_, replace_ -> update, delete_)."""
     methods = {n for n, _ in inspect.getmembers(KubeApi, inspect.isfunction) if not n.startswith("_")}
     used = set()
     modules = _plugin_modules()
@@ -96,13 +97,14 @@ def plugin_api_calls() -> dict[str, list[str]]:
             continue
         used |= {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                  and n.func.attr in methods}
-    verbs: dict[str, set[str]] = {}
+    verbs: dict[tuple[str, str], set[str]] = {}
     for m in used:
-        for call in re.findall(r"self\._resource\.(\w+)\(", inspect.getsource(getattr(KubeApi, m))):
+        for api, call in re.findall(r"self\._(resource|core)\.(\w+)\(", inspect.getsource(getattr(KubeApi, m))):
             verb, _, rest = call.partition("_")
-            kind = re.fullmatch(r"(?:namespaced_)?resource_(\w+?)(?:_for_all_namespaces)?", rest)
+            kind = re.fullmatch(r"(?:namespaced_)?(?:resource_)?(\w+?)(?:_for_all_namespaces)?", rest)
             assert kind is not None and verb in CLIENT_VERBS, call
-            verbs.setdefault(f"resource{kind.group(1).replace('_', '')}s", set()).add(CLIENT_VERBS[verb])
+            group, prefix = ("resource.k8s.io", "resource") if api == "resource" else ("", "")
+            verbs.setdefault((group, f"{prefix}{kind.group(1).replace('_', '')}s"), set()).add(CLIENT_VERBS[verb])
     return {r: sorted(v) for r, v in verbs.items()}
 
 
@@ -110,11 +112,11 @@ def test_rbac_grants_exactly_what_the_plugin_calls() -> None:
     """The ClusterRole's verbs per resource are those of the API calls the plugin's code makes (derived from the
     code, see plugin_api_calls), no more; and it is bound to the DaemonSet's service account."""
     calls = plugin_api_calls()
-    assert calls["resourceclaims"] and calls["resourceslices"]  # the derivation found the calls at all
+    assert calls[("resource.k8s.io", "resourceclaims")] and calls[("resource.k8s.io", "resourceslices")]
+    assert calls[("", "pods")] == ["get"]  # the pod a claim is reserved for: its containers' names
     (role,) = of_kind("ClusterRole")
-    assert all(r["apiGroups"] == ["resource.k8s.io"] for r in role["rules"])
-    assert {r: sorted(v) for rule in role["rules"] for r, v in [(rule["resources"][0], rule["verbs"])]} == calls
-    assert all(len(rule["resources"]) == 1 for rule in role["rules"])
+    assert all(len(rule["resources"]) == 1 and len(rule["apiGroups"]) == 1 for rule in role["rules"])
+    assert {(rule["apiGroups"][0], rule["resources"][0]): sorted(rule["verbs"]) for rule in role["rules"]} == calls
     (binding,) = of_kind("ClusterRoleBinding")
     (sa,) = of_kind("ServiceAccount")
     (ds,) = of_kind("DaemonSet")
@@ -134,7 +136,7 @@ def test_the_admission_policy_confines_every_slice_write_of_the_plugin_to_its_no
     spec = policy["spec"]
     (rule,) = spec["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == ["resource.k8s.io"] and rule["resources"] == ["resourceslices"]
-    writes = {v.upper() for v in plugin_api_calls()["resourceslices"] if v not in ("get", "list")}
+    writes = {v.upper() for v in plugin_api_calls()[("resource.k8s.io", "resourceslices")] if v not in ("get", "list")}
     assert writes and writes <= set(rule["operations"])
     (cond,) = spec["matchConditions"]
     user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
