@@ -18,8 +18,9 @@ when it binds). That is fragmentation. Pods the node had no room for are counted
 arbiterd runs at its defaults plus ``--allocations required`` (``--identity cgroup`` with the
 fake kubelet's /proc). The output ends with
 ``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x> pods_labelled=<n>/<n>``:
-at the end of each replay, every pod still running starts a container that registers, and counts as labelled
-when every per-instance series of its instance carries its namespace, pod and container (:mod:`bench.k8s_labels`;
+at the end of each replay, every pod still running starts a container that registers; of those arbiterd
+registers (a refusal is printed with its reason: it leaves no series to label), a pod counts as labelled when
+every per-instance series of its instance carries its namespace, pod and container (:mod:`bench.k8s_labels`;
 the pods are in namespace ``bench``).
 
 ``--dra`` replays the same arrivals through the DRA plugin as well (:mod:`bench.k8s_dra`) and
@@ -91,9 +92,10 @@ class Run:
     overcommits: int = 0
     allocate_ms: list[float] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
-    labelled: int = 0  # running pods at the end whose series carry their pod, namespace and container
-    running_at_end: int = 0
+    labelled: int = 0  # pods registered at the end whose series carry their pod, namespace and container
+    running_at_end: int = 0  # of the pods running at the end, those whose container arbiterd registered
     label_problems: list[str] = field(default_factory=list)
+    register_refused: list[str] = field(default_factory=list)  # pods whose container arbiterd refused
 
     @property
     def cannot_run(self) -> int:
@@ -143,8 +145,9 @@ def replay(placement: str, arrivals: list[Arrival], root: Path) -> Run:
             start = node.kubelet.start_container
             running = [k8s_labels.Expected(NAMESPACE, b.name, "c0", functools.partial(start, pod))
                        for b, pod in live.values() if not is_split(pod)]
-            run.running_at_end = len(running)
-            run.labelled, run.label_problems = k8s_labels.check(admin, running)
+            got = k8s_labels.check(admin, running)
+            run.labelled, run.running_at_end = got.labelled, got.registered
+            run.label_problems, run.register_refused = got.problems, got.refused
         finally:
             node.close()
     return run
@@ -219,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"arbiter": "arbiterd", "seed": args.seed,
                           "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
                           "runs": [{**{k: v for k, v in asdict(r).items()
-                                       if k not in ("allocate_ms", "label_problems")},
+                                       if k not in ("allocate_ms", "label_problems", "register_refused")},
                                     "cannot_run": r.cannot_run,
                                     "allocate_p50_ms": round(statistics.median(r.allocate_ms or [0]), 3),
                                     "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs]},
@@ -228,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(rows))
     note = ("refused: admission failed with room in total; split: memory and core on different cards (arbiterd "
             "refuses the container at bind); (no card): of those, pods no single card had room for; spanned: "
-            "memory over several cards; labelled: pods running at the end whose container's series all carry "
-            "its namespace, pod and container")
+            "memory over several cards; labelled: of the pods running at the end whose container registered, those "
+            "whose every series carries its namespace, pod and container")
     print(note)
     print_label_problems(runs)
     if not args.no_results:
@@ -256,6 +259,8 @@ def print_label_problems(runs: list[Any]) -> None:
     for r in runs:
         for line in r.label_problems:
             print(f"not labelled: {line}", file=sys.stderr)
+        for line in r.register_refused:
+            print(f"registration refused (no series to label): {line}")
 
 
 DRA_CAVEAT = ("The DRA row shows the model of kube-scheduler's allocator (`cgpu_testing/drasched.py`), not "
@@ -280,8 +285,9 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
     note = ("running: admitted and not split; split: memory and cores on different cards (arbiterd refuses the "
             "container at bind); refused with room: not running though one card had room for all of it; no card: "
             "not running, room on the node in total but on no single card; p50/p99: kubelet-side Allocate "
-            "(plugin) or NodePrepareResources (DRA) latency against the real arbiterd; labelled: pods running at the "
-            "end whose container's series all carry its namespace, pod and container")
+            "(plugin) or NodePrepareResources (DRA) latency against the real arbiterd; labelled: of the pods running "
+            "at the end whose container registered, those whose every series carries its namespace, pod and "
+            "container")
     summary = (f"dra_pods={dra.pods} dra_split={dra.split} dra_refused_with_room={dra.refused_with_room} "
                f"dra_overcommits={dra.overcommits} plugin_split={runs[0].split} prepare_p99_ms={dra.p99:.2f} "
                f"{labelled_field([*runs, dra])}")
@@ -292,7 +298,8 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
                                       "cannot_run": r.cannot_run, "overcommits": r.overcommits,
                                       "labelled": r.labelled, "running_at_end": r.running_at_end,
                                       "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs],
-                          "dra": {**{k: v for k, v in asdict(dra).items() if k not in ("prepare_ms", "label_problems")},
+                          "dra": {**{k: v for k, v in asdict(dra).items()
+                                     if k not in ("prepare_ms", "label_problems", "register_refused")},
                                   "prepare_p50_ms": round(dra.p50, 3), "prepare_p99_ms": round(dra.p99, 3)}},
                          indent=2))
     print(header)

@@ -55,9 +55,10 @@ class DraRun:
     overcommits: int = 0
     prepare_ms: list[float] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
-    labelled: int = 0  # running pods at the end whose series carry their pod, namespace and container
-    running_at_end: int = 0
+    labelled: int = 0  # pods registered at the end whose series carry their pod, namespace and container
+    running_at_end: int = 0  # of the pods running at the end, those whose container arbiterd registered
     label_problems: list[str] = field(default_factory=list)
+    register_refused: list[str] = field(default_factory=list)  # pods whose container arbiterd refused
 
     @property
     def p50(self) -> float:
@@ -111,8 +112,9 @@ def replay_dra(arrivals: list[Any], root: Path, gpus: int, gib_per_gpu: int) -> 
                 running.append(k8s_labels.Expected(
                     c["metadata"].get("namespace", "default"), c["status"]["reservedFor"][0]["name"], "main",
                     functools.partial(node.kubelet.start_container, node.pod_uid(c), cdi_ids)))
-            run.running_at_end = len(running)
-            run.labelled, run.label_problems = k8s_labels.check(admin, running)
+            got = k8s_labels.check(admin, running)
+            run.labelled, run.running_at_end = got.labelled, got.registered
+            run.label_problems, run.register_refused = got.problems, got.refused
         finally:
             node.close()
     return run

@@ -2,7 +2,9 @@
 
 At the end of a replay, each pod still running (admitted, and not split: arbiterd refuses a split
 pod's container) starts one container that registers with arbiterd, as a CUDA program's first call
-would; then ``/metrics`` is scraped once. A pod counts as labelled when every per-instance series of
+would; then ``/metrics`` is scraped once. A container arbiterd refuses at registration (a memory-only
+pod takes weight 1 on its card, and a card whose 20 slots core percentages filled has none left) has
+no series, and is counted apart, with arbiterd's reason. A pod counts as labelled when every per-instance series of
 its container's instance (``cgpu_instance_memory_limit_bytes``, ``cgpu_instance_weight``) carries the
 namespace, pod and container the kubelet (device plugin: PodResources) or the claim (DRA: its
 ``reservedFor`` and pod) gives it, and the GPU's ``UUID``. The plugin names allocations within a poll,
@@ -35,7 +37,8 @@ REGISTER = (
     "        u.feed(s.recv(65536))\n"
     "call({'op': 'hello', 'versions': [1], 'client': 'bench.k8s'})\n"
     "gpus = [int(g) for g in os.environ.get('ALIYUN_COM_GPU_VISIBLE_DEVICES', '0').split(',')]\n"
-    "print(call({'op': 'register', 'id': 1, 'instance': None, 'gpus': gpus})['op'])\n"
+    "r = call({'op': 'register', 'id': 1, 'instance': None, 'gpus': gpus})\n"
+    "print(r['op'] if r['op'] == 'registered' else f\"{r['op']}: {r.get('message')}\")\n"
 )
 
 
@@ -49,15 +52,23 @@ class Expected:
     start: Callable[[Sequence[str]], RunningContainer]  # runs argv as that container
 
 
-def check(admin: AdminClient, pods: Sequence[Expected]) -> tuple[int, list[str]]:
-    """How many of ``pods`` have every per-instance series labelled with their names; a line per one that has not."""
+@dataclass
+class Labelled:
+    labelled: int  # registered pods whose every series carries their names
+    registered: int
+    problems: list[str]  # a line per registered pod whose series do not
+    refused: list[str]  # a line per pod whose container arbiterd refused at registration
+
+
+def check(admin: AdminClient, pods: Sequence[Expected]) -> Labelled:
+    """Start a container of each of ``pods`` and check the series of those that registered."""
     instances: dict[str, Expected] = {}
-    problems = []
+    refused = []
     for e in pods:
         rc = e.start([sys.executable, "-c", REGISTER])
         code, out, err = rc.wait(60)
         if code != 0 or out.strip() != "registered":
-            problems.append(f"{e.namespace}/{e.pod}: its container did not register ({out.strip() or err[-200:]})")
+            refused.append(f"{e.namespace}/{e.pod}: {out.strip() or err.strip()[-200:]}")
             continue
         instances[rc.cid[:12]] = e
     deadline = time.monotonic() + WAIT_S
@@ -66,8 +77,8 @@ def check(admin: AdminClient, pods: Sequence[Expected]) -> tuple[int, list[str]]
         if not bad or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    problems += [f"{instances[i].namespace}/{instances[i].pod}: {why}" for i, why in sorted(bad.items())]
-    return len(instances) - len(bad), problems
+    problems = [f"{instances[i].namespace}/{instances[i].pod}: {why}" for i, why in sorted(bad.items())]
+    return Labelled(len(instances) - len(bad), len(instances), problems, refused)
 
 
 def _mislabelled(admin: AdminClient, instances: dict[str, Expected]) -> dict[str, str]:

@@ -16,7 +16,7 @@ def test_bench_k8s_runs_on_arbiterd(capsys: pytest.CaptureFixture[str]) -> None:
                      r"pods_labelled=(\d+)/(\d+)", last)
     assert m, last
     labelled, running = int(m.group(3)), int(m.group(4))
-    assert running >= 10 and labelled == running  # every pod running at the end: its series carry its pod
+    assert running >= 10 and labelled == running  # every pod registered at the end: its series carry its pod
 
 
 def test_the_workload_is_fixed_by_its_seed() -> None:
