@@ -137,3 +137,19 @@ SMUGGLE = (
     "r = call({'op': 'register', 'id': 1, 'instance': None, 'gpus': [0], 'pod': 'victim', 'namespace': 'prod'})\n"
     "print(json.dumps({k: r.get(k) for k in ('op', 'code', 'message')}))\n"
 )
+
+
+def test_labels_survive_an_arbiterd_restart_and_one_that_forgot_them_gets_them_back(node: Node) -> None:
+    """arbiterd keeps an allocation's pod names in its state file: a restart shows them at once, on the instance
+    too once its container binds again. An arbiterd that lost its state gets the allocation back from the plugin's
+    resync with the names its record kept."""
+    pod = node.kubelet.admit("keep", [{MEM: 2}], namespace="ops")
+    wait_for("named", lambda: any("pod=keep container=c0" in line for line in listing(node).values()))
+    assert register(node, pod)["op"] == "registered"
+    node.daemon.restart()
+    assert any(" namespace=ops pod=keep container=c0 bound=" in line for line in listing(node).values())
+    (inst,) = [i for g in node.admin().status()["gpus"] for i in g["instances"]]
+    assert inst["labels"] == {"namespace": "ops", "pod": "keep", "container": "c0"}
+    node.daemon.restart(forget=True)
+    wait_for("re-created by the plugin with its names", lambda: any(
+        " namespace=ops pod=keep container=c0 bound=-" in line for line in listing(node).values()))
