@@ -35,6 +35,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import random
 import shutil
 import statistics
@@ -198,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     arrivals = workload(args.pods, args.seed)
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bk-", dir="/tmp"))  # short: UNIX socket paths
     try:
         runs = [replay(p, arrivals, tmp / p) for p in ("binpack", "spread")]
         dra = replay_dra(arrivals, tmp / "dra", GPUS, GIB_PER_GPU) if args.dra else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    args.load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     if dra is not None:
         return report_dra(args, argv, runs, dra)
     all_ms = [ms for r in runs for ms in r.allocate_ms]
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench import results
 
         cmd = "python -m bench.k8s " + " ".join(argv if argv is not None else sys.argv[1:])
-        body = (f"{pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, once per placement.\n\n```\n"
+        body = (f"{pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, once per placement "
+                f"({args.load}: latencies grow with the machine's load).\n\n```\n"
                 f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
         results.update("k8s", cmd.strip(), body)
     print(summary)
@@ -313,7 +317,8 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
         body = (f"{dra.pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, the same sequence through "
                 "the device plugin (binpack, spread) and through DRA (the DRA plugin, a model of kube-scheduler's "
                 "allocator with consumable capacity: first device that fits). arbiterd at its defaults plus "
-                "`--allocations required`; a DRA pod naming no memory consumes the 1Gi default.\n\n"
+                f"`--allocations required`; a DRA pod naming no memory consumes the 1Gi default ({args.load}: "
+                "latencies grow with the machine's load).\n\n"
                 f"{DRA_CAVEAT}\n\n```\n"
                 f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
         results.update("k8s-dra", cmd.strip(), body)

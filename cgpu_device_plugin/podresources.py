@@ -64,6 +64,7 @@ class PodLabeller:
         self.apply = apply
         self.available: bool | None = None  # None: not asked yet
         self._bad_logged: set[str] = set()
+        self._channel: grpc.Channel | None = None  # kept between polls; made again after a failed call
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,6 +76,12 @@ class PodLabeller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self._close()
+
+    def _close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -82,11 +89,17 @@ class PodLabeller:
             self._stop.wait(self.interval_s)
 
     def list(self) -> pr.ListPodResourcesResponse:
-        """``List`` on the kubelet's socket (raises grpc.RpcError)."""
-        with grpc.insecure_channel(f"unix://{self.socket}") as channel:
-            stub = pr_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        """``List`` on the kubelet's socket (raises grpc.RpcError, and the next call dials again: a restarted
+        kubelet serves a new socket)."""
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(f"unix://{self.socket}")
+        stub = pr_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+        try:
             response: pr.ListPodResourcesResponse = stub.List(pr.ListPodResourcesRequest(), timeout=TIMEOUT_S)
-            return response
+        except grpc.RpcError:
+            self._close()
+            raise
+        return response
 
     def poll_once(self) -> int:
         """Read the kubelet's record once and name what it shows; how many allocations were named now."""
