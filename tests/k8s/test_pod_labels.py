@@ -72,6 +72,29 @@ def test_the_fake_kubelet_lists_each_containers_devices_as_podresources_v1(node:
     assert set(found.values()) == {PodLabels("shop", "infer", "c0")}
 
 
+def test_the_fake_kubelet_answers_get_for_one_pod_and_an_error_for_none(node: Node) -> None:
+    """``Get(pod_name, pod_namespace)``: that pod's resources; an unknown pod: ``pod NAME in namespace NS not found``,
+    as the kubelet's server_v1.go returns it (a plain Go error: gRPC UNKNOWN)."""
+    import grpc
+
+    from cgpu_device_plugin.api.podresources.v1 import api_pb2 as pr
+    from cgpu_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
+
+    pod = node.kubelet.admit("one", [{MEM: 2}], namespace="shop")
+    with grpc.insecure_channel(f"unix://{node.kubelet.pod_resources.socket}") as channel:
+        stub = pr_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        got = stub.Get(pr.GetPodResourcesRequest(pod_name="one", pod_namespace="shop"), timeout=5).pod_resources
+        assert (got.name, got.namespace) == ("one", "shop")
+        assert list(got.containers[0].devices[0].device_ids) == pod.container().devices[MEM]
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Get(pr.GetPodResourcesRequest(pod_name="one", pod_namespace="default"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNKNOWN  # type: ignore[attr-defined]
+        assert err.value.details() == "pod one in namespace default not found"  # type: ignore[attr-defined]
+        allocatable = stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=5).devices
+        assert {d.resource_name for d in allocatable} == {MEM, CORE}
+        assert len({i for d in allocatable if d.resource_name == MEM for i in d.device_ids}) == 32  # 2 x 16 GiB
+
+
 def test_each_allocation_is_named_within_a_few_polls_and_metrics_carry_the_pod(node: Node) -> None:
     """A pod's two allocations carry its namespace, pod and container in ``alloc_ctl`` within 5 polls of its
     admission; once its container registered, every per-instance series of that instance has ``namespace``,
