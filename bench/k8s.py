@@ -17,19 +17,25 @@ when it binds). That is fragmentation. Pods the node had no room for are counted
 
 arbiterd runs at its defaults plus ``--allocations required`` (``--identity cgroup`` with the
 fake kubelet's /proc). The output ends with
-``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x>``.
+``pods=<n> overcommits=<n> binpack_refused=<n> spread_refused=<n> allocate_p99_ms=<x> pods_labelled=<n>/<n>``:
+at the end of each replay, every pod still running starts a container that registers; of those arbiterd
+registers (a refusal is printed with its reason: it leaves no series to label), a pod counts as labelled when
+every per-instance series of its instance carries its namespace, pod and container (:mod:`bench.k8s_labels`;
+the pods are in namespace ``bench``).
 
 ``--dra`` replays the same arrivals through the DRA plugin as well (:mod:`bench.k8s_dra`) and
 prints both side by side, ending with ``dra_pods=<n> dra_split=<n> dra_refused_with_room=<n>
-dra_overcommits=<n> plugin_split=<n> prepare_p99_ms=<x>`` (plugin: the binpack run, the
-plugin's default); it writes the section ``k8s-dra`` of bench/RESULTS.md.
+dra_overcommits=<n> plugin_split=<n> prepare_p99_ms=<x> pods_labelled=<n>/<n>`` (plugin: the binpack run, the
+plugin's default; pods_labelled: over every run); it writes the section ``k8s-dra`` of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import os
 import random
 import shutil
 import statistics
@@ -37,7 +43,9 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from bench import k8s_labels
 from bench.common import percentile
 from bench.k8s_dra import DraRun, replay_dra
 from cgpu_device_plugin.admin import AdminClient
@@ -45,6 +53,7 @@ from cgpu_testing.k8s import Node, node_daemon
 from cgpu_testing.kubelet import CORE, MEM, AdmissionError, Pod
 
 GPUS, GIB_PER_GPU = 8, 16
+NAMESPACE = "bench"
 MEM_SIZES = [1, 2, 2, 4, 4, 4, 6, 8, 8, 12, 16]  # GiB, weighted by repetition
 CORE_SIZES = [10, 15, 20, 25, 30, 40, 50, 60]
 
@@ -84,6 +93,10 @@ class Run:
     overcommits: int = 0
     allocate_ms: list[float] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    labelled: int = 0  # pods registered at the end whose series carry their pod, namespace and container
+    running_at_end: int = 0  # of the pods running at the end, those whose container arbiterd registered
+    label_problems: list[str] = field(default_factory=list)
+    register_refused: list[str] = field(default_factory=list)  # pods whose container arbiterd refused
 
     @property
     def cannot_run(self) -> int:
@@ -97,6 +110,12 @@ class Run:
 
 def cards(pod: Pod, resource: str) -> set[str]:
     return {d.rsplit("-", 2)[0] for c in pod.containers for d in c.devices.get(resource, [])}
+
+
+def is_split(pod: Pod) -> bool:
+    """Its memory and core percentage on different cards: arbiterd refuses its container."""
+    mem_cards, core_cards = cards(pod, MEM), cards(pod, CORE)
+    return bool(mem_cards and core_cards and not core_cards <= mem_cards)
 
 
 def overcommitted(admin: AdminClient) -> int:
@@ -124,6 +143,12 @@ def replay(placement: str, arrivals: list[Arrival], root: Path) -> Run:
                 arrive(node, a, live, uuids, run)
                 run.overcommits += overcommitted(admin)
             run.allocate_ms = [s * 1000 for s in node.kubelet.allocate_seconds]
+            start = node.kubelet.start_container
+            running = [k8s_labels.Expected(NAMESPACE, b.name, "c0", functools.partial(start, pod))
+                       for b, pod in live.values() if not is_split(pod)]
+            got = k8s_labels.check(admin, running)
+            run.labelled, run.running_at_end = got.labelled, got.registered
+            run.label_problems, run.register_refused = got.problems, got.refused
         finally:
             node.close()
     return run
@@ -143,7 +168,7 @@ def arrive(node: Node, a: Arrival, live: dict[str, tuple[Arrival, Pod]], uuids: 
     free_core = GPUS * 100 - sum(b.core for b, _ in live.values())
     requests = {r: n for r, n in ((MEM, a.mem), (CORE, a.core)) if n}
     try:
-        pod = node.kubelet.admit(a.name, [requests])
+        pod = node.kubelet.admit(a.name, [requests], namespace=NAMESPACE)
     except AdmissionError as exc:
         if a.mem > free_mem or a.core > free_core:
             run.no_room += 1
@@ -155,9 +180,8 @@ def arrive(node: Node, a: Arrival, live: dict[str, tuple[Arrival, Pod]], uuids: 
         return
     run.admitted += 1
     live[a.name] = (a, pod)
-    mem_cards, core_cards = cards(pod, MEM), cards(pod, CORE)
-    run.spanned += len(mem_cards) > 1
-    if mem_cards and core_cards and not core_cards <= mem_cards:
+    run.spanned += len(cards(pod, MEM)) > 1
+    if is_split(pod):
         run.split += 1
         run.split_no_card += not one_card
 
@@ -175,29 +199,33 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     arrivals = workload(args.pods, args.seed)
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bk-", dir="/tmp"))  # short: UNIX socket paths
     try:
         runs = [replay(p, arrivals, tmp / p) for p in ("binpack", "spread")]
         dra = replay_dra(arrivals, tmp / "dra", GPUS, GIB_PER_GPU) if args.dra else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    args.load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     if dra is not None:
         return report_dra(args, argv, runs, dra)
     all_ms = [ms for r in runs for ms in r.allocate_ms]
     p99 = percentile(all_ms, 0.99)
     header = (f"{'placement':9} {'pods':>5} {'admitted':>8} {'no room':>7} {'refused':>7} {'split':>5} "
-              f"{'(no card)':>9} {'spanned':>7} {'overcommits':>11} {'alloc p50 ms':>12} {'p99 ms':>7}")
+              f"{'(no card)':>9} {'spanned':>7} {'overcommits':>11} {'alloc p50 ms':>12} {'p99 ms':>7} "
+              f"{'labelled':>8}")
     rows = [f"{r.placement:9} {r.pods:5d} {r.admitted:8d} {r.no_room:7d} {r.refused:7d} {r.split:5d} "
             f"{r.split_no_card:9d} {r.spanned:7d} {r.overcommits:11d} {statistics.median(r.allocate_ms or [0]):12.2f} "
-            f"{percentile(r.allocate_ms, 0.99):7.2f}" for r in runs]
+            f"{percentile(r.allocate_ms, 0.99):7.2f} {f'{r.labelled}/{r.running_at_end}':>8}" for r in runs]
     pods = runs[0].pods
     overcommits = sum(r.overcommits for r in runs)
     summary = (f"pods={pods} overcommits={overcommits} binpack_refused={runs[0].cannot_run} "
-               f"spread_refused={runs[1].cannot_run} allocate_p99_ms={p99:.2f}")
+               f"spread_refused={runs[1].cannot_run} allocate_p99_ms={p99:.2f} {labelled_field(runs)}")
     if args.json:
         print(json.dumps({"arbiter": "arbiterd", "seed": args.seed,
                           "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
-                          "runs": [{**{k: v for k, v in asdict(r).items() if k != "allocate_ms"},
+                          "runs": [{**{k: v for k, v in asdict(r).items()
+                                       if k not in ("allocate_ms", "label_problems", "register_refused")},
                                     "cannot_run": r.cannot_run,
                                     "allocate_p50_ms": round(statistics.median(r.allocate_ms or [0]), 3),
                                     "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs]},
@@ -206,17 +234,37 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(rows))
     note = ("refused: admission failed with room in total; split: memory and core on different cards (arbiterd "
             "refuses the container at bind); (no card): of those, pods no single card had room for; spanned: "
-            "memory over several cards")
+            "memory over several cards; labelled: of the pods running at the end whose container registered, those "
+            "whose every series carries its namespace, pod and container")
     print(note)
+    print_label_problems(runs)
     if not args.no_results:
         from bench import results
 
         cmd = "python -m bench.k8s " + " ".join(argv if argv is not None else sys.argv[1:])
-        body = (f"{pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, once per placement.\n\n```\n"
+        body = (f"{pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, once per placement "
+                f"({args.load}: latencies grow with the machine's load).\n\n```\n"
                 f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
         results.update("k8s", cmd.strip(), body)
     print(summary)
-    return 0 if overcommits == 0 else 1
+    return 0 if overcommits == 0 and all_labelled(runs) else 1
+
+
+def labelled_field(runs: list[Any]) -> str:
+    """``pods_labelled=N/M`` over ``runs`` (Run or DraRun)."""
+    return f"pods_labelled={sum(r.labelled for r in runs)}/{sum(r.running_at_end for r in runs)}"
+
+
+def all_labelled(runs: list[Any]) -> bool:
+    return all(r.labelled == r.running_at_end for r in runs)
+
+
+def print_label_problems(runs: list[Any]) -> None:
+    for r in runs:
+        for line in r.label_problems:
+            print(f"not labelled: {line}", file=sys.stderr)
+        for line in r.register_refused:
+            print(f"registration refused (no series to label): {line}")
 
 
 DRA_CAVEAT = ("The DRA row shows the model of kube-scheduler's allocator (`cgpu_testing/drasched.py`), not "
@@ -230,31 +278,38 @@ DRA_CAVEAT = ("The DRA row shows the model of kube-scheduler's allocator (`cgpu_
 def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run], dra: DraRun) -> int:
     """Print (and record) the DRA run beside the device plugin's runs; exit 1 on any overcommit."""
     header = (f"{'path':18} {'pods':>5} {'running':>7} {'split':>5} {'refused with room':>17} {'no card':>7} "
-              f"{'no room':>7} {'overcommits':>11} {'p50 ms':>7} {'p99 ms':>7}")
+              f"{'no room':>7} {'overcommits':>11} {'p50 ms':>7} {'p99 ms':>7} {'labelled':>8}")
     rows = [f"{'plugin ' + r.placement:18} {r.pods:5d} {r.admitted - r.split:7d} {r.split:5d} "
             f"{r.refused_with_room:17d} {r.split_no_card + r.refused_no_card:7d} {r.no_room:7d} "
             f"{r.overcommits:11d} {statistics.median(r.allocate_ms or [0]):7.2f} "
-            f"{percentile(r.allocate_ms, 0.99):7.2f}" for r in runs]
+            f"{percentile(r.allocate_ms, 0.99):7.2f} {f'{r.labelled}/{r.running_at_end}':>8}" for r in runs]
     rows.append(f"{'DRA':18} {dra.pods:5d} {dra.admitted - dra.split:7d} {dra.split:5d} {dra.refused_with_room:17d} "
-                f"{dra.no_card:7d} {dra.no_room:7d} {dra.overcommits:11d} {dra.p50:7.2f} {dra.p99:7.2f}")
+                f"{dra.no_card:7d} {dra.no_room:7d} {dra.overcommits:11d} {dra.p50:7.2f} {dra.p99:7.2f} "
+                f"{f'{dra.labelled}/{dra.running_at_end}':>8}")
     note = ("running: admitted and not split; split: memory and cores on different cards (arbiterd refuses the "
             "container at bind); refused with room: not running though one card had room for all of it; no card: "
             "not running, room on the node in total but on no single card; p50/p99: kubelet-side Allocate "
-            "(plugin) or NodePrepareResources (DRA) latency against the real arbiterd")
+            "(plugin) or NodePrepareResources (DRA) latency against the real arbiterd; labelled: of the pods running "
+            "at the end whose container registered, those whose every series carries its namespace, pod and "
+            "container")
     summary = (f"dra_pods={dra.pods} dra_split={dra.split} dra_refused_with_room={dra.refused_with_room} "
-               f"dra_overcommits={dra.overcommits} plugin_split={runs[0].split} prepare_p99_ms={dra.p99:.2f}")
+               f"dra_overcommits={dra.overcommits} plugin_split={runs[0].split} prepare_p99_ms={dra.p99:.2f} "
+               f"{labelled_field([*runs, dra])}")
     if args.json:
         print(json.dumps({"arbiter": "arbiterd", "seed": args.seed, "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
                           "plugin": [{"placement": r.placement, "pods": r.pods, "admitted": r.admitted,
                                       "split": r.split, "refused_with_room": r.refused_with_room,
                                       "cannot_run": r.cannot_run, "overcommits": r.overcommits,
+                                      "labelled": r.labelled, "running_at_end": r.running_at_end,
                                       "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs],
-                          "dra": {**{k: v for k, v in asdict(dra).items() if k != "prepare_ms"},
+                          "dra": {**{k: v for k, v in asdict(dra).items()
+                                     if k not in ("prepare_ms", "label_problems", "register_refused")},
                                   "prepare_p50_ms": round(dra.p50, 3), "prepare_p99_ms": round(dra.p99, 3)}},
                          indent=2))
     print(header)
     print("\n".join(rows))
     print(note)
+    print_label_problems([*runs, dra])
     if not args.no_results:
         from bench import results
 
@@ -262,12 +317,14 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
         body = (f"{dra.pods} pod arrivals (seed {args.seed}) on {GPUS}x{GIB_PER_GPU}GiB, the same sequence through "
                 "the device plugin (binpack, spread) and through DRA (the DRA plugin, a model of kube-scheduler's "
                 "allocator with consumable capacity: first device that fits). arbiterd at its defaults plus "
-                "`--allocations required`; a DRA pod naming no memory consumes the 1Gi default.\n\n"
+                f"`--allocations required`; a DRA pod naming no memory consumes the 1Gi default ({args.load}: "
+                "latencies grow with the machine's load).\n\n"
                 f"{DRA_CAVEAT}\n\n```\n"
                 f"{header}\n" + "\n".join(rows) + f"\n```\n{note}\n\n{summary}\n")
         results.update("k8s-dra", cmd.strip(), body)
     print(summary)
-    return 0 if dra.overcommits == 0 and all(r.overcommits == 0 for r in runs) else 1
+    ok = dra.overcommits == 0 and all(r.overcommits == 0 for r in runs) and all_labelled([*runs, dra])
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ what the model places; the latency and arbiterd's overcommit check are real meas
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import k8s_labels
 from bench.common import percentile
 from cgpu_device_plugin.admin import AdminClient
 from cgpu_dra_plugin.quantity import parse
@@ -53,6 +55,10 @@ class DraRun:
     overcommits: int = 0
     prepare_ms: list[float] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    labelled: int = 0  # pods registered at the end whose series carry their pod, namespace and container
+    running_at_end: int = 0  # of the pods running at the end, those whose container arbiterd registered
+    label_problems: list[str] = field(default_factory=list)
+    register_refused: list[str] = field(default_factory=list)  # pods whose container arbiterd refused
 
     @property
     def p50(self) -> float:
@@ -100,6 +106,15 @@ def replay_dra(arrivals: list[Any], root: Path, gpus: int, gib_per_gpu: int) -> 
                 _arrive(node, admin, a, live, run)
                 run.overcommits += _overcommitted(node, admin)
             run.prepare_ms = [s * 1000 for s in node.kubelet.prepare_seconds]
+            running = []
+            for _, c in live.values():
+                cdi_ids = node.prepare(c)  # prepared already: the plugin answers from its checkpoint
+                running.append(k8s_labels.Expected(
+                    c["metadata"].get("namespace", "default"), c["status"]["reservedFor"][0]["name"], "main",
+                    functools.partial(node.kubelet.start_container, node.pod_uid(c), cdi_ids)))
+            got = k8s_labels.check(admin, running)
+            run.labelled, run.running_at_end = got.labelled, got.registered
+            run.label_problems, run.register_refused = got.problems, got.refused
         finally:
             node.close()
     return run

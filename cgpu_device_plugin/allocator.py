@@ -11,7 +11,10 @@ Every call holds one lock, so the status it reads is still true when it creates.
   the record, and only then asks arbiterd to create the allocation; if arbiterd refuses,
   the record and directory go again and the kubelet gets arbiterd's reason.
 * ``resync`` runs whenever arbiterd (re)appears: records arbiterd lacks are created again
-  with the same token, and ``mem-``/``core-`` allocations nobody recorded are removed.
+  with the same token (and their pod's names), and ``mem-``/``core-`` allocations nobody recorded
+  are removed.
+* ``label`` (every poll of the kubelet's PodResources API, podresources.py) names in arbiterd the
+  pod and container of each recorded allocation whose devices a container holds, once.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from arbiterd.core.podlabels import PodLabels
 from cgpu_device_plugin import placement
 from cgpu_device_plugin.admin import AdminClient, Refused, Unreachable
 from cgpu_device_plugin.config import Config
@@ -166,7 +170,8 @@ class Allocator:
                               _gpus(rec), exc)
                     continue
                 try:
-                    self.admin.create_allocation(rec.alloc_id, digest, rec.gpus, rec.memsize, rec.core)
+                    self.admin.create_allocation(rec.alloc_id, digest, rec.gpus, rec.memsize, rec.core,
+                                                 labels=rec.labels)
                     log.info("allocation %s (GPU %s): created again in arbiterd, which did not have it",
                              rec.alloc_id, _gpus(rec))
                 except Refused as exc:
@@ -177,3 +182,30 @@ class Allocator:
                     self.admin.remove_allocation(a.id)
                     log.warning("allocation %s (GPU %s): arbiterd held it but this plugin has no record of it; "
                                 "removed", a.id, ",".join(map(str, a.gpus)))
+
+    # ------------------------------------------------------------ pod names (the kubelet's PodResources API)
+    def label(self, holders: Mapping[str, PodLabels]) -> int:
+        """Name in arbiterd the pod of each recorded allocation whose devices ``holders`` (device ID -> labels)
+        shows a container holding, where its record does not have those names yet; how many were named. Raises
+        nothing: arbiterd away or refusing leaves the record unnamed, and the next poll tries again."""
+        named = 0
+        with self._lock:
+            for rec in self.store.records.values():
+                labels = next((holders[d] for d in rec.devices if d in holders), None)
+                if labels is None or labels == rec.labels:
+                    continue
+                try:
+                    self.admin.label_allocation(rec.alloc_id, labels)
+                except Unreachable as exc:
+                    log.warning("allocation %s (GPU %s): cannot name its pod %s in arbiterd: %s", rec.alloc_id,
+                                _gpus(rec), labels.text(), exc)
+                    return named
+                except Refused as exc:
+                    log.warning("allocation %s (GPU %s): arbiterd refused its pod's names %s: %s", rec.alloc_id,
+                                _gpus(rec), labels.text(), exc)
+                    continue
+                self.store.set_labels(rec.alloc_id, labels)
+                named += 1
+                log.info("allocation %s (%s on GPU %s) is pod %s's", rec.alloc_id, rec.resource.resource_name,
+                         _gpus(rec), labels.text())
+        return named

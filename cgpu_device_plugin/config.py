@@ -56,6 +56,9 @@ class Config:
     alloc_mount: str = setting("/run/cgpu-alloc", "where containers see allocation dirs; arbiterd's alloc_mount "
                                "must match", kind="path", expects="an absolute path", rule=_below_root,
                                metavar="DIR")
+    pod_resources_socket: str = _path("/var/lib/kubelet/pod-resources/kubelet.sock", "PATH",
+                                      "the kubelet's PodResources API (v1), read to name the pod and container of "
+                                      "each allocation in arbiterd")
     placement: str = setting("binpack", "binpack: the fullest card that fits; spread: the emptiest", kind="choice",
                              choices=PLACEMENTS)
     log_level: str = setting("info", "debug, info, warning or error", kind="choice", choices=LOG_LEVELS)

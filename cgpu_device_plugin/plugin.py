@@ -11,6 +11,7 @@ from cgpu_device_plugin.config import Config
 from cgpu_device_plugin.devices import Resource
 from cgpu_device_plugin.health import NodeMonitor
 from cgpu_device_plugin.kubelet import KubeletLink
+from cgpu_device_plugin.podresources import PodLabeller
 from cgpu_device_plugin.servicer import DevicePluginServicer
 from cgpu_device_plugin.store import AllocationStore
 
@@ -30,6 +31,7 @@ class Plugin:
         self.stopping = threading.Event()
         self.servicers = {r: DevicePluginServicer(r, self.allocator, self.monitor, self.stopping) for r in Resource}
         self.link = KubeletLink(cfg, self.servicers)
+        self.labeller = PodLabeller(cfg.pod_resources_socket, cfg.poll_interval_s, self.allocator.label)
         self._link_thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -37,6 +39,7 @@ class Plugin:
         self.store.load()
         self.allocator.recover()
         self.monitor.start()
+        self.labeller.start()
         self._link_thread = threading.Thread(target=self.link.run, args=(self.stopping,), name="cgpu-kubelet",
                                              daemon=True)
         self._link_thread.start()
@@ -48,5 +51,6 @@ class Plugin:
         self.monitor.wake_watchers()
         if self._link_thread is not None:
             self._link_thread.join(15)
+        self.labeller.stop()
         self.monitor.stop()
         log.info("cgpu-device-plugin stopped")

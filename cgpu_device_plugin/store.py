@@ -2,8 +2,9 @@
 
 On disk, under ``alloc_dir``:
 
-* ``state.json``: allocation id -> resource, device IDs, GPUs, sizes (mode 0600, written
-  atomically: temp file, fsync, rename, fsync of the directory);
+* ``state.json``: allocation id -> resource, device IDs, GPUs, sizes, and the pod labels the
+  kubelet's PodResources API gave its container (mode 0600, written atomically: temp file,
+  fsync, rename, fsync of the directory);
 * ``<ALLOC_ID>/token`` (dir 0755, file 0444, inside ``alloc_dir`` 0700): 32 random bytes as hex. ``Allocate`` mounts
   the directory read-only into the container; arbiterd knows only the token's SHA-256, and
   binds the allocation to the first container that presents the token.
@@ -15,6 +16,7 @@ holds is how the plugin notices: when the kubelet hands those IDs out again, it 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arbiterd.core import podlabels
+from arbiterd.core.errors import SettingError
+from arbiterd.core.podlabels import PodLabels
 from arbiterd.server.persist import write_atomic
 from cgpu_device_plugin.devices import Resource
 
@@ -55,16 +60,22 @@ class Record:
     memsize: tuple[int, ...]  # bytes per GPU (memory allocations)
     core: int  # percent (core allocations)
     created: float  # wall-clock seconds
+    labels: PodLabels | None = None  # its container's pod, once PodResources named it (podresources.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"resource": self.resource.value, "devices": list(self.devices), "gpus": list(self.gpus),
-                "memsize": list(self.memsize), "core": self.core, "created": self.created}
+                "memsize": list(self.memsize), "core": self.core, "created": self.created,
+                "labels": self.labels.to_json() if self.labels else None}
 
     @classmethod
     def from_json(cls, alloc_id: str, d: dict[str, Any]) -> Record:
+        try:
+            labels = podlabels.from_json(d.get("labels"))
+        except SettingError as exc:
+            raise ValueError(str(exc)) from None
         return cls(alloc_id, Resource(d["resource"]), tuple(str(x) for x in d["devices"]),
                    tuple(int(x) for x in d["gpus"]), tuple(int(x) for x in d["memsize"]), int(d["core"]),
-                   float(d["created"]))
+                   float(d["created"]), labels)
 
 
 class AllocationStore:
@@ -123,6 +134,13 @@ class AllocationStore:
         self._records[record.alloc_id] = record
         self._reindex()
         self._save()
+
+    def set_labels(self, alloc_id: str, labels: PodLabels) -> None:
+        """Record the pod of ``alloc_id``'s container (nothing if the record is gone meanwhile)."""
+        rec = self._records.get(alloc_id)
+        if rec is not None and rec.labels != labels:
+            self._records[alloc_id] = dataclasses.replace(rec, labels=labels)
+            self._save()
 
     def remove(self, alloc_id: str) -> Record | None:
         """Forget ``alloc_id`` and delete its directory; the removed record, if there was one."""

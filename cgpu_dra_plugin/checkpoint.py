@@ -2,8 +2,9 @@
 
 Under ``state_dir`` (0700):
 
-* ``checkpoint.json``: claim UID -> namespace, name, and per allocated device its arbiterd
-  allocation (id, card, memory, cores, weight, high priority) and CDI device id; written
+* ``checkpoint.json``: claim UID -> namespace, name, the pod labels of the container it serves,
+  and per allocated device its arbiterd allocation (id, card, memory, cores, weight, high
+  priority) and CDI device id; written
   atomically (temp file, fsync, rename, fsync of the directory) before arbiterd is asked, so a
   crash leaves a record to finish or undo, never an allocation nobody knows;
 * ``<ALLOC_ID>/token`` (dir 0755, file 0444): 32 random bytes as hex. The CDI spec mounts the
@@ -29,6 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from arbiterd.core import podlabels
+from arbiterd.core.errors import SettingError
+from arbiterd.core.podlabels import PodLabels
 from arbiterd.server.persist import write_atomic
 from cgpu_device_plugin.store import token_digest
 
@@ -68,15 +72,20 @@ class ClaimRecord:
     name: str
     devices: tuple[Prepared, ...]
     prepared_at: float
+    labels: PodLabels | None = None  # the container it serves (claims.consumer); None: not known
 
     def to_json(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "name": self.name, "prepared_at": self.prepared_at,
-                "devices": [asdict(d) for d in self.devices]}
+                "devices": [asdict(d) for d in self.devices], "labels": self.labels.to_json() if self.labels else None}
 
     @classmethod
     def from_json(cls, uid: str, d: dict[str, Any]) -> ClaimRecord:
+        try:
+            labels = podlabels.from_json(d.get("labels"))
+        except SettingError as exc:
+            raise ValueError(str(exc)) from None
         return cls(uid, str(d["namespace"]), str(d["name"]), tuple(Prepared(**x) for x in d["devices"]),
-                   float(d["prepared_at"]))
+                   float(d["prepared_at"]), labels)
 
 
 class Checkpoint:

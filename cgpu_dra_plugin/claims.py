@@ -8,7 +8,10 @@ then the claim's, as the scheduler copies them) is its ShareConfig. ``highPriori
 from a DeviceClass's config (``source: FromClass``): anyone who may create a claim writes the
 claim's, so one that asks it is refused; ``weight`` may come from either (arbiterd bounds it by
 the card's ``max_inst`` and free weight). A claim reserved for more than one consumer is refused:
-arbiterd binds an allocation to the first container that presents its token. Pure: no I/O.
+arbiterd binds an allocation to the first container that presents its token. :func:`consumer` names the
+pod a claim is reserved for (``status.reservedFor``) and the container of that pod's spec that names the claim
+(``resources.claims``, through the pod's ``spec.resourceClaims``, or ``status.resourceClaimStatuses`` for a claim
+made from a template). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from arbiterd.core import podlabels
+from arbiterd.core.errors import SettingError
+from arbiterd.core.podlabels import PodLabels
 from cgpu_dra_plugin import DRIVER, shareconfig
 from cgpu_dra_plugin.quantity import BadQuantity, parse
 from cgpu_dra_plugin.shareconfig import ShareConfig
@@ -114,3 +120,39 @@ def grants(claim: Mapping[str, Any], driver: str, pool: str) -> list[Grant]:
     if not out:
         raise BadClaim(f"{where} has no device of driver {driver}")
     return out
+
+
+def reserved_pod(claim: Mapping[str, Any]) -> str | None:
+    """The name of the pod ``claim`` is reserved for (None: none, or not a pod)."""
+    for r in (claim.get("status") or {}).get("reservedFor") or []:
+        if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name"):
+            return str(r["name"])
+    return None
+
+
+def claim_containers(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> list[str]:
+    """The containers (init containers included) of ``pod`` whose ``resources.claims`` name ``claim``."""
+    name = (claim.get("metadata") or {}).get("name")
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    entries = {rc.get("name") for rc in spec.get("resourceClaims") or [] if rc.get("resourceClaimName") == name}
+    entries |= {s.get("name") for s in status.get("resourceClaimStatuses") or [] if s.get("resourceClaimName") == name}
+    return [str(c.get("name")) for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+            if any(r.get("name") in entries for r in (c.get("resources") or {}).get("claims") or [])]
+
+
+def consumer(claim: Mapping[str, Any], pod: Mapping[str, Any] | None) -> tuple[PodLabels | None, str]:
+    """The pod labels of the container ``claim`` serves, and why they are partial or missing ('' when whole): the
+    pod ``status.reservedFor`` names, in the claim's namespace, and the one container of ``pod`` (its spec, None
+    when it could not be read) that names the claim; the container is left empty where it is not one."""
+    namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+    name = reserved_pod(claim)
+    if name is None:
+        return None, "the claim is reserved for no pod"
+    containers = claim_containers(claim, pod) if pod is not None else []
+    why = ("its pod could not be read" if pod is None else "no container of its pod names it" if not containers
+           else f"{len(containers)} containers of its pod name it ({', '.join(containers)})"
+           if len(containers) > 1 else "")
+    try:
+        return podlabels.check(namespace, name, containers[0] if len(containers) == 1 else ""), why
+    except SettingError as exc:
+        return None, str(exc)

@@ -40,7 +40,7 @@ def _json(resp: Any) -> dict[str, Any]:
 
 @dataclass
 class KubeApi:
-    """``resource.k8s.io/v1`` ResourceSlices and ResourceClaims."""
+    """``resource.k8s.io/v1`` ResourceSlices and ResourceClaims, and the pods claims are reserved for."""
 
     api_client: Any
     timeout: float = 10.0
@@ -48,6 +48,20 @@ class KubeApi:
     @property
     def _resource(self) -> Any:
         return client.ResourceV1Api(self.api_client)
+
+    @property
+    def _core(self) -> Any:
+        return client.CoreV1Api(self.api_client)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod, or None when there is none of that name."""
+        try:
+            return _json(self._core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                        _request_timeout=self.timeout))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The claim, or None when there is none of that name."""

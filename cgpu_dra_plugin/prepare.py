@@ -30,11 +30,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from arbiterd.core.podlabels import PodLabels
 from cgpu_device_plugin.admin import AdminClient, Refused, Unreachable
 from cgpu_device_plugin.node import DaemonAllocation, NodeView, StatusError
 from cgpu_dra_plugin import cdi
 from cgpu_dra_plugin.checkpoint import ALLOC_ID, TOKEN_FILE, Checkpoint, ClaimRecord, Prepared, alloc_id
-from cgpu_dra_plugin.claims import BadClaim, Grant, grants
+from cgpu_dra_plugin.claims import BadClaim, Grant, consumer, grants, reserved_pod
 from cgpu_dra_plugin.config import Config
 from cgpu_dra_plugin.kubeapi import ApiException, KubeApi
 from cgpu_dra_plugin.quantity import GIB
@@ -81,10 +82,27 @@ class Preparer:
                                                        self.cfg.socket_dir, self.cfg.libcgpu, self.cfg.state_dir,
                                                        self.cfg.alloc_mount))
 
-    def _create(self, d: Prepared) -> None:
+    def _create(self, d: Prepared, labels: PodLabels | None) -> None:
         digest = self.checkpoint.token(d.alloc_id)
         self.admin.create_allocation(d.alloc_id, digest, [d.gpu], [d.memory], d.cores if d.enforce_cores else 0,
-                                     d.weight, d.high_priority, d.limit)
+                                     d.weight, d.high_priority, d.limit, labels)
+
+    def _consumer(self, where: str, claim: dict[str, Any]) -> PodLabels | None:
+        """The pod labels of the container ``claim`` serves (claims.consumer), reading its pod; what is not known is
+        logged and left out: a pod's names never fail a prepare."""
+        name = reserved_pod(claim)
+        pod = None
+        if name is not None:
+            namespace = str(claim.get("metadata", {}).get("namespace", ""))
+            try:
+                pod = self.kube.get_pod(namespace, name)
+            except (ApiException, OSError, ValueError) as exc:
+                log.warning("%s: cannot read its pod %s/%s from the API server (%s)", where, namespace, name, exc)
+        labels, why = consumer(claim, pod)
+        if why:
+            log.warning("%s: %s; its allocations name %s", where, why,
+                        f"pod {labels.text()} and no container" if labels else "no pod")
+        return labels
 
     def _remove(self, d: Prepared) -> None:
         try:
@@ -115,7 +133,7 @@ class Preparer:
             try:
                 if d.alloc_id in held:  # held with a digest whose token is gone: no container can bind it
                     self.admin.remove_allocation(d.alloc_id)
-                self._create(d)
+                self._create(d, rec.labels)
             except (Refused, Unreachable) as exc:
                 raise PrepareError(f"{where}: arbiterd lacks allocation {d.alloc_id} and refused to create it "
                                    f"again: {exc}") from None
@@ -164,7 +182,7 @@ class Preparer:
             raise PrepareError(str(exc)) from None
         node = self._node()
         devices = self._devices(where, uid, mine, node)
-        rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time())
+        rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time(), self._consumer(where, claim))
         try:
             self.checkpoint.put(rec)
         except OSError as exc:
@@ -175,7 +193,7 @@ class Preparer:
             for d in devices:
                 if d.alloc_id in held:  # an earlier try created it but lost the reply: its token is gone, redo it
                     self.admin.remove_allocation(d.alloc_id)
-                self._create(d)
+                self._create(d, rec.labels)
                 made.append(d)
             self._write_spec(rec, node, where)
         except (Refused, Unreachable, PrepareError) as exc:
@@ -193,7 +211,8 @@ class Preparer:
             what = "refused it" if isinstance(exc, Refused) else "did not answer"
             raise PrepareError(f"{where}: arbiterd {what}: {exc}") from None
         for d in devices:
-            log.info("claim %s (%s): allocation %s on %s", where, uid, d.alloc_id, _describe(d))
+            log.info("claim %s (%s): allocation %s on %s%s", where, uid, d.alloc_id, _describe(d),
+                     f", for {rec.labels.text()}" if rec.labels else "")
         return devices
 
     # ------------------------------------------------------------ NodeUnprepareResources
@@ -228,7 +247,7 @@ class Preparer:
                     if d.alloc_id in held:
                         continue
                     try:
-                        self._create(d)
+                        self._create(d, rec.labels)
                         log.info("allocation %s (GPU %d, claim %s/%s): created again in arbiterd, which did not "
                                  "have it", d.alloc_id, d.gpu, rec.namespace, rec.name)
                     except Refused as exc:
@@ -272,7 +291,7 @@ class Preparer:
             where = f"claim {namespace}/{name}"
             try:
                 devices = self._devices(where, uid, grants(claim, self.cfg.driver, self.cfg.node_name), node)
-                rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time())
+                rec = ClaimRecord(uid, namespace, name, tuple(devices), time.time(), self._consumer(where, claim))
                 self.checkpoint.put(rec)
             except (BadClaim, PrepareError, OSError) as exc:
                 log.error("allocation %s: %s is allocated here but its record cannot be rebuilt (%s); the allocation "

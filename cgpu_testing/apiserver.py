@@ -1,8 +1,10 @@
-"""A fake Kubernetes API server (aiohttp, in a thread) for ``resource.k8s.io/v1`` objects, as JSON.
+"""A fake Kubernetes API server (aiohttp, in a thread) for ``resource.k8s.io/v1`` objects and pods, as JSON.
 
 It serves what the DRA plugin, the scheduler model and ``kubectl-inspect-cgpu`` use, at the
 paths of the real API (``/apis/resource.k8s.io/v1/resourceslices[/NAME]``,
-``/apis/resource.k8s.io/v1/[namespaces/NS/]resourceclaims[/NAME[/status]]``): create (POST,
+``/apis/resource.k8s.io/v1/[namespaces/NS/]resourceclaims[/NAME[/status]]``, and the core
+group's ``/api/v1/[namespaces/NS/]pods[/NAME]``, where the plugin reads the pod a claim is
+reserved for): create (POST,
 409 if the name exists), read, list (``fieldSelector=spec.driver=...`` on slices), replace (PUT,
 409 on a stale ``metadata.resourceVersion``), delete. It assigns ``uid``, ``resourceVersion``
 and ``creationTimestamp`` as the real one does.
@@ -28,8 +30,12 @@ from typing import Any
 from aiohttp import web
 
 GROUP = "/apis/resource.k8s.io/v1"
+CORE = "/api/v1"
 SCHEMA_VERSION = "1.34"
-KINDS = {"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClaim", "deviceclasses": "DeviceClass"}
+KINDS = {"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClaim", "deviceclasses": "DeviceClass",
+         "pods": "Pod"}
+API_VERSIONS = {"pods": "v1"}  # the rest: resource.k8s.io/v1
+NAMESPACED = ("resourceclaims", "pods")
 Key = tuple[str, str, str]  # (plural, namespace or "", name)
 
 
@@ -100,10 +106,10 @@ class FakeApiServer:
     def put(self, plural: str, obj: dict[str, Any], check: bool = True) -> dict[str, Any]:
         """Create or replace ``obj`` (no resourceVersion check); the stored copy."""
         obj = copy.deepcopy(obj)
-        obj.setdefault("apiVersion", "resource.k8s.io/v1")
+        obj.setdefault("apiVersion", API_VERSIONS.get(plural, "resource.k8s.io/v1"))
         obj.setdefault("kind", KINDS[plural])
         meta = obj.setdefault("metadata", {})
-        key = (plural, meta.get("namespace", "") if plural == "resourceclaims" else "", meta["name"])
+        key = (plural, meta.get("namespace", "") if plural in NAMESPACED else "", meta["name"])
         if check and (reason := validate(obj, self.schema_version)) is not None:
             raise ValueError(reason)
         with self._lock:
@@ -132,7 +138,8 @@ class FakeApiServer:
     # ------------------------------------------------------------ HTTP
     def _app(self) -> web.Application:
         app = web.Application()
-        for prefix, ns in ((GROUP, False), (GROUP + "/namespaces/{ns}", True)):
+        for prefix, ns in ((GROUP, False), (GROUP + "/namespaces/{ns}", True), (CORE, False),
+                           (CORE + "/namespaces/{ns}", True)):
             app.router.add_get(prefix + "/{plural}", self._list)
             app.router.add_post(prefix + "/{plural}", self._create)
             app.router.add_get(prefix + "/{plural}/{name}", self._read)
@@ -145,7 +152,8 @@ class FakeApiServer:
     @staticmethod
     def _where(request: web.Request) -> tuple[str, str]:
         plural = request.match_info["plural"]
-        if plural not in KINDS:
+        core = request.path.startswith(CORE + "/")
+        if plural not in KINDS or core != (plural in API_VERSIONS):
             raise web.HTTPNotFound(text=f"no resource {plural}")
         return plural, request.match_info.get("ns", "")
 
@@ -155,7 +163,8 @@ class FakeApiServer:
         selector = request.query.get("fieldSelector", "")
         if selector.startswith("spec.driver="):
             items = [o for o in items if o.get("spec", {}).get("driver") == selector.split("=", 1)[1]]
-        return web.json_response({"apiVersion": "resource.k8s.io/v1", "kind": KINDS[plural] + "List",
+        return web.json_response({"apiVersion": API_VERSIONS.get(plural, "resource.k8s.io/v1"),
+                                  "kind": KINDS[plural] + "List",
                                   "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})
 
     async def _read(self, request: web.Request) -> web.Response:

@@ -10,7 +10,6 @@ rest.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +79,17 @@ class DraNode:
             time.sleep(0.02)
         raise TimeoutError(f"no ResourceSlice matched; have {self.slices()}")
 
-    def schedule(self, claim: dict[str, Any]) -> dict[str, Any]:
-        """Create ``claim`` and allocate it as kube-scheduler would (raise Unschedulable); the stored claim."""
+    def schedule(self, claim: dict[str, Any], pod: str | None = None,
+                 containers: tuple[str, ...] = ("main",)) -> dict[str, Any]:
+        """Create ``claim`` and allocate it as kube-scheduler would (raise Unschedulable), reserved for a pod
+        (named ``pod``, else as the claim) whose ``containers`` each name it in ``resources.claims``, which is
+        created too; the stored claim."""
         meta = claim["metadata"]
+        namespace = meta.get("namespace", "default")
+        consumer = self.api.put("pods", {"metadata": {"name": pod or meta["name"], "namespace": namespace}, "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": meta["name"]}],
+            "containers": [{"name": c, "image": "example:1", "resources": {"claims": [{"name": "gpu"}]}}
+                           for c in containers]}})
         stored = self.api.put("resourceclaims", claim)
         others = [c for c in self.api.list("resourceclaims") if c["metadata"]["uid"] != stored["metadata"]["uid"]]
         try:
@@ -90,10 +97,11 @@ class DraNode:
             allocation = allocate(stored, self.slices(), others, {c["metadata"]["name"]: DRIVER for c in classes}, NODE,
                                   {c["metadata"]["name"]: c["spec"].get("config", []) for c in classes})
         except Exception:
-            self.api.delete("resourceclaims", meta["name"], meta.get("namespace", "default"))
+            self.api.delete("resourceclaims", meta["name"], namespace)
+            self.api.delete("pods", consumer["metadata"]["name"], namespace)
             raise
-        stored["status"] = {"allocation": allocation,
-                            "reservedFor": [{"resource": "pods", "name": meta["name"], "uid": str(uuid.uuid4())}]}
+        stored["status"] = {"allocation": allocation, "reservedFor": [
+            {"resource": "pods", "name": consumer["metadata"]["name"], "uid": consumer["metadata"]["uid"]}]}
         return self.api.put("resourceclaims", stored)
 
     @staticmethod
@@ -119,6 +127,8 @@ class DraNode:
         self.unprepare(claim)
         m = claim["metadata"]
         self.api.delete("resourceclaims", m["name"], m.get("namespace", "default"))
+        for r in (claim.get("status") or {}).get("reservedFor") or []:
+            self.api.delete("pods", r["name"], m.get("namespace", "default"))
 
     def admin(self) -> AdminClient:
         return AdminClient(self.daemon.admin)

@@ -61,7 +61,7 @@ class Node:
     def config(self, **overrides: Any) -> Config:
         cfg = Config(kubelet_dir=str(self.kubelet_dir), admin_socket=self.daemon.admin, socket_dir=str(self.run_dir),
                      libcgpu=str(self.libcgpu), alloc_dir=str(self.root / "alloc"), poll_interval_s=0.05,
-                     watch_interval_s=0.05)
+                     watch_interval_s=0.05, pod_resources_socket=str(self.kubelet.pod_resources.socket))
         for k, v in overrides.items():
             setattr(cfg, k, v)
         return cfg

@@ -15,6 +15,10 @@ What it does, as the kubelet's device manager does (pkg/kubelet/cm/devicemanager
   admission: the plugin cannot tell the difference) and kills its containers.
 * ``restart()`` stops, empties the directory (the kubelet deletes every plugin socket when
   it starts) and serves a new ``kubelet.sock``; devices in use survive (its checkpoint).
+* the PodResources API (``v1.PodResourcesLister``, :mod:`cgpu_testing.podresources`) on
+  ``<root>/pod-resources/kubelet.sock``, as the kubelet serves it on
+  ``/var/lib/kubelet/pod-resources/kubelet.sock``: each admitted pod's namespace, name, and
+  per container the device IDs it holds.
 * ``start_container`` runs a real process as a "container": the env of the Allocate answers
   (first answer wins on a conflict, as the kubelet merges them), the mounts materialised
   under a rootfs dir (plain directories copied, so that a daemon resolving paths inside the
@@ -47,6 +51,7 @@ import grpc
 from cgpu_device_plugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from cgpu_device_plugin.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from cgpu_testing.containers import fake_cgroup
+from cgpu_testing.podresources import FakePodResources
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
@@ -104,9 +109,15 @@ class Pod:
     uid: str
     name: str
     containers: list[Container] = field(default_factory=list)
+    namespace: str = "default"
 
     def container(self, name: str = "c0") -> Container:
         return next(c for c in self.containers if c.name == name)
+
+    @property
+    def resources(self) -> list[tuple[str, dict[str, list[str]]]]:
+        """Per container, its name and the device IDs it holds by resource (what PodResources reports)."""
+        return [(c.name, {r: list(ids) for r, ids in c.devices.items()}) for c in list(self.containers)]
 
 
 @dataclass
@@ -156,6 +167,8 @@ class FakeKubelet:
         self.allocate_seconds: list[float] = []
         self.cond = threading.Condition()
         self._server: grpc.Server | None = None
+        self.pod_resources = FakePodResources(self.root / "pod-resources" / "kubelet.sock",
+                                              lambda: list(self.pods.values()), self._allocatable)
 
     @property
     def socket(self) -> Path:
@@ -170,9 +183,15 @@ class FakeKubelet:
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
+        self.pod_resources.start()
         return self
 
+    def _allocatable(self) -> dict[str, list[str]]:
+        with self.cond:
+            return {r: [i for i, h in ep.devices.items() if h == HEALTHY] for r, ep in self.endpoints.items()}
+
     def stop(self) -> None:
+        self.pod_resources.stop()
         if self._server is not None:
             self._server.stop(0).wait(5)
             self._server = None
@@ -259,9 +278,9 @@ class FakeKubelet:
     def in_use(self, resource: str) -> set[str]:
         return {d for p in self.pods.values() for c in p.containers for d in c.devices.get(resource, [])}
 
-    def admit(self, name: str, containers: Sequence[Mapping[str, int]]) -> Pod:
+    def admit(self, name: str, containers: Sequence[Mapping[str, int]], namespace: str = "default") -> Pod:
         """Admit a pod whose containers ask for these resources; raise AdmissionError on failure."""
-        pod = Pod(str(uuid.UUID(int=self.rng.getrandbits(128))), name)
+        pod = Pod(str(uuid.UUID(int=self.rng.getrandbits(128))), name, namespace=namespace)
         self.pods[pod.uid] = pod
         try:
             for i, requests in enumerate(containers):

@@ -19,8 +19,11 @@ CONTROL_FILES = {
                 "[memsize=SIZE] [uid=N], or remove ID [gpu=N]; uid=N: an instance for host processes of uid N "
                 "(no container and no other uid may use it); reading lists the provisioned records",
     "alloc_ctl": "Kubernetes allocations, listed while allocations is not off: create ID token=SHA256 gpu=I[,J] "
-                 "[memsize=SIZE[,SIZE]] [core=P], or remove ID (409 when a card's memory or 100 % of its core "
-                 "would be overcommitted); reading lists ID gpu=... memsize=... core=P bound=<container|->",
+                 "[memsize=SIZE[,SIZE]] [core=P | weight=N] [highprio=0|1] [namespace=NS pod=NAME "
+                 "[container=NAME]], label ID namespace=NS pod=NAME [container=NAME] (the pod of the container it "
+                 "is for, as Kubernetes names it), or remove ID (409 when a card's memory or 100 % of its core "
+                 "would be overcommitted); reading lists ID gpu=... memsize=... core=P [namespace=... pod=... "
+                 "container=...] bound=<container|->",
 }
 
 

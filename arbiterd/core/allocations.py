@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from arbiterd.core import podlabels
 from arbiterd.core.errors import ConflictError, NotFoundError, SettingError
 from arbiterd.core.names import valid_alloc_id, valid_instance_id
+from arbiterd.core.podlabels import PodLabels
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 CORE_TOTAL = 100  # a card's compute, in percent
@@ -40,6 +42,7 @@ class Allocation:
     weight: int = 0  # the container's weight on its GPU(s) (policies 2 and 4); 0: the default
     highprio: bool = False  # the container is high priority
     limit: int = 0  # the most GPU time (%) the container may use (0: none; a core percentage caps by itself)
+    labels: PodLabels | None = None  # its container's namespace, pod and container, as the plugin says
 
     def mem_on(self, gpu: int) -> int:
         return sum(m for g, m in zip(self.gpus, self.memsize, strict=True) if g == gpu)
@@ -48,12 +51,13 @@ class Allocation:
         """The ``alloc_ctl`` listing line."""
         return (f"{self.id} gpu={','.join(map(str, self.gpus))} memsize={','.join(map(str, self.memsize))} "
                 f"core={self.core}{f' weight={self.weight}' if self.weight else ''}"
-                f"{' highprio=1' if self.highprio else ''}{f' limit={self.limit}' if self.limit else ''} "
-                f"bound={self.bound or '-'}")
+                f"{' highprio=1' if self.highprio else ''}{f' limit={self.limit}' if self.limit else ''}"
+                f"{f' {self.labels.words()}' if self.labels else ''} bound={self.bound or '-'}")
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "gpus": list(self.gpus), "memsize": list(self.memsize), "core": self.core,
                 "weight": self.weight, "highprio": int(self.highprio), "bound": self.bound,
+                "labels": self.labels.to_json() if self.labels else None,
                 **({"limit": self.limit} if self.limit else {})}
 
 
@@ -88,6 +92,10 @@ class AllocationBook:
 
     def bound_to(self, instance: str) -> list[Allocation]:
         return [a for a in self if a.bound == instance]
+
+    def labels_of(self, instance: str) -> PodLabels | None:
+        """The pod labels of the allocations bound to ``instance`` (the first by id that has any), or None."""
+        return next((a.labels for a in self.bound_to(instance) if a.labels is not None), None)
 
     def alloc_mem(self, gpu: int) -> int:
         """Bytes of ``gpu`` held by allocations."""
@@ -139,4 +147,5 @@ class AllocationBook:
         self.create(Allocation(valid_alloc_id(item["id"]), valid_digest(item["token"]), gpus, memsize,
                                int(item["core"]), valid_instance_id(bound) if bound is not None else None,
                                str(pod) if pod is not None else None, int(item.get("weight", 0)),
-                               bool(item.get("highprio", 0)), int(item.get("limit", 0))), totals)
+                               bool(item.get("highprio", 0)), int(item.get("limit", 0)),
+                               podlabels.from_json(item.get("labels"))), totals)

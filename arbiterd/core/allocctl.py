@@ -1,6 +1,8 @@
 """``alloc_ctl``: creating and removing allocations through the settings tree.
 
     create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] [limit=P] [highprio=0|1]
+           [namespace=NS pod=NAME [container=NAME]]
+    label ID namespace=NS pod=NAME [container=NAME]
     remove ID
 
 ``token`` is the SHA-256 (hex) of the token the container will hold; ``memsize``
@@ -11,16 +13,20 @@ ShareConfig carries them); ``weight`` and ``core`` exclude each other, as in ``i
 (5..100, not below ``core``) is the container's ceiling beside its request (behaviour §3): a core
 percentage with a limit above it is held on policy 4, without one on policy 3.
 A create that would overcommit a card's memory or core, or whose id or token exists, is refused (409).
+``namespace``, ``pod`` and ``container`` are the Kubernetes names of the container the allocation is for
+(:mod:`arbiterd.core.podlabels` checks them); a plugin gives them at create, or later with ``label`` (the
+device plugin learns them from the kubelet after ``Allocate``), and the instance the allocation binds to
+carries them, in ``status``, ``cgpu-smi`` and the metrics, until the allocation is removed.
 Removing a bound allocation re-provisions its container. Reading the file
 lists the allocations, one a line:
-``ID gpu=0 memsize=BYTES core=P bound=<container|->``.
+``ID gpu=0 memsize=BYTES core=P [namespace=NS pod=NAME container=NAME] bound=<container|->``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from arbiterd.core import binding
+from arbiterd.core import binding, podlabels
 from arbiterd.core.allocations import Allocation, valid_digest
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
@@ -30,12 +36,24 @@ from arbiterd.core.names import valid_alloc_id
 from arbiterd.core.settings import INSTANCE, parse_size
 
 USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] "
-         "[limit=P] [highprio=0|1]' or 'remove ID'")
-_CREATE_KEYS = ("token", "gpu", "memsize", "core", "weight", "highprio", "limit")
+         "[limit=P] [highprio=0|1] [namespace=NS pod=NAME [container=NAME]]', 'label ID namespace=NS pod=NAME "
+         "[container=NAME]' or 'remove ID'")
+_CREATE_KEYS = ("token", "gpu", "memsize", "core", "weight", "highprio", "limit", *podlabels.KEYS)
 
 
 def listing(arb: Arbiter) -> str:
     return "".join(a.line() + "\n" for a in arb.allocations)
+
+
+def _options(verb: str, words: list[str], keys: tuple[str, ...]) -> dict[str, str]:
+    """``key=value`` words, each key among ``keys`` and given once (a SettingError naming the first that is not)."""
+    opts: dict[str, str] = {}
+    for word in words:
+        key, sep, val = word.partition("=")
+        if not sep or key not in keys or key in opts:
+            raise SettingError(f"alloc_ctl {verb}: unexpected {word!r}")
+        opts[key] = val
+    return opts
 
 
 def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Allocation, dict[int, int]]:
@@ -43,12 +61,7 @@ def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Alloca
     if arb.config.allocations == "off":
         raise ConflictError("alloc_ctl: allocations are off in this daemon (start it with --allocations "
                             "optional or required)")
-    opts: dict[str, str] = {}
-    for word in words:
-        key, sep, val = word.partition("=")
-        if not sep or key not in _CREATE_KEYS or key in opts:
-            raise SettingError(f"alloc_ctl create: unexpected {word!r}")
-        opts[key] = val
+    opts = _options("create", words, _CREATE_KEYS)
     if "token" not in opts or "gpu" not in opts:
         raise SettingError("alloc_ctl create: token= and gpu= are required")
     digest = valid_digest(opts["token"])
@@ -76,9 +89,9 @@ def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Alloca
         if weight > arb.scheds[gpu].settings.max_inst:
             raise SettingError(f"alloc_ctl create: weight={weight} is over GPU {gpu}'s max_inst "
                                f"{arb.scheds[gpu].settings.max_inst}")
+    labels = podlabels.from_words(opts)
     return (Allocation(alloc_id, digest, tuple(gpus), tuple(sizes), core, weight=weight, highprio=bool(highprio),
-                       limit=limit),
-            {g: arb.gpus[g].total_mem for g in gpus})
+                       limit=limit, labels=labels), {g: arb.gpus[g].total_mem for g in gpus})
 
 
 def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
@@ -90,7 +103,7 @@ def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
     """Check one ``alloc_ctl`` command, changing nothing (a CoreError with a one-line reason if it may not be
     carried out), and return what carries it out."""
     words = command.split()
-    if len(words) < 2 or words[0] not in ("create", "remove"):
+    if len(words) < 2 or words[0] not in ("create", "label", "remove"):
         raise SettingError(USAGE)
     verb, alloc_id, rest = words[0], valid_alloc_id(words[1]), words[2:]
     book = arb.allocations
@@ -103,6 +116,19 @@ def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
             return []
 
         return create
+    if verb == "label":
+        labels = podlabels.from_words(_options("label", rest, podlabels.KEYS))
+        if labels is None:
+            raise SettingError("alloc_ctl label: give namespace=NS pod=NAME [container=NAME]")
+        alloc = book.get(alloc_id)
+
+        def label(now: int) -> list[Effect]:
+            alloc.labels = labels
+            if alloc.bound is not None:
+                binding.relabel(arb, alloc.bound)
+            return []
+
+        return label
     if rest:
         raise SettingError("alloc_ctl remove: takes only an id")
     book.get(alloc_id)

@@ -16,7 +16,9 @@ never does I/O). :func:`bind` then decides:
 A bound container's instance records are provisioned from its allocations
 (memory per GPU; a core percentage as weight P/5;
 an allocation's weight and high priority as they are), so its environment changes
-nothing. :func:`reprovision` keeps them in step when allocations come and go.
+nothing. :func:`reprovision` keeps them in step when allocations come and go, and
+:func:`relabel` gives them the pod labels their allocations carry (a plugin sets those through
+``alloc_ctl``; nothing a container sends can), so they end with the last allocation.
 """
 
 from __future__ import annotations
@@ -84,13 +86,22 @@ def in_use(arb: Arbiter, instance: str) -> bool:
 
 
 def reprovision(arb: Arbiter, instance: str, now: int) -> list[Effect]:
-    """Make ``instance``'s provisioned records what its bound allocations say (none: dropped)."""
+    """Make ``instance``'s provisioned records what its bound allocations say (none: dropped), labels included."""
     want = settings_of(arb.allocations.bound_to(instance))
     have = [g for (g, name), r in arb.records.items() if name == instance and r.provisioned]
     effects = arb.drop_records(instance, [g for g in have if g not in want], now)
     if want:
         effects += arb.provision_each(instance, want, now)
+    relabel(arb, instance)
     return effects
+
+
+def relabel(arb: Arbiter, instance: str) -> None:
+    """Give every record of ``instance`` the pod labels of its bound allocations (None when it has none)."""
+    labels = arb.allocations.labels_of(instance)
+    for (_, name), rec in arb.records.items():
+        if name == instance:
+            rec.labels = labels
 
 
 def _check_one_gpu(allocs: list[Allocation]) -> None:

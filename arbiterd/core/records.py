@@ -8,6 +8,7 @@ from typing import Any
 
 from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.memory import MemoryLedger
+from arbiterd.core.podlabels import PodLabels
 from arbiterd.core.settings import MAX_INST_MAX, InstanceSettings
 
 
@@ -33,6 +34,7 @@ class InstanceRecord:
     clients: set[int] = field(default_factory=set)
     idle_since: int | None = None
     ledger: MemoryLedger = field(default_factory=lambda: MemoryLedger(0))
+    labels: PodLabels | None = None  # its pod, from the allocations bound to it (binding.relabel); None: not a pod's
 
 
 @dataclass(slots=True)

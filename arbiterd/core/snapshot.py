@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from arbiterd.core import binding
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.errors import CoreError, SettingError
 from arbiterd.core.names import valid_instance_id
@@ -99,6 +100,8 @@ def restore(arb: Arbiter, doc: Any, now: int) -> list[str]:
     allocs = doc.get("allocations", [])
     warnings += _restore_allocations(arb, allocs if isinstance(allocs, list) else [])
     warnings += _restore_records(arb, [i for i in records if not _provisioned(i)], now)
+    for instance in sorted({a.bound for a in arb.allocations if a.bound is not None}):
+        binding.relabel(arb, instance)  # a pod's labels are its allocations': saved with them, back on its records
     if arb.absent:
         log.warning("state: settings of GPU(s) %s are kept for when the GPU is back: this host does not have it "
                     "now", ", ".join(sorted(arb.absent.gpu_names())))

@@ -5,6 +5,10 @@
     GET  /v1/status        JSON status (cgpu-smi reads it)
     GET  /metrics          Prometheus text format
 
+``metrics_listen`` serves :func:`make_metrics_app` apart: ``GET /metrics`` alone, with
+no token (what a Prometheus in the cluster scrapes, as it scrapes dcgm-exporter), its
+connections capped and timed as the loopback listener's are; every other path is 404.
+
 Refusals answer 4xx with a one-line ``text/plain`` reason and change nothing;
 the status comes from the error's type (400 bad value, 403 read-only, 404
 unknown path, 409 conflict), and 507 means the state could not be saved. On
@@ -163,3 +167,27 @@ def make_admin_app(hub: Hub, token: str | None = None) -> web.Application:
     app.router.add_get("/v1/status", get_status)
     app.router.add_get("/metrics", get_metrics)
     return app
+
+
+def make_metrics_app(admin_app: web.Application) -> web.Application:
+    """``GET /metrics`` of ``admin_app``'s registry, and nothing else; its connections are watched once
+    :meth:`AdminConnections.install` is called on its server (the daemon does, as for the admin app)."""
+    admin = admin_app[ADMIN]
+    app = web.Application(client_max_size=1024)
+    metrics = app[METRICS] = Admin(admin.hub, None, admin.registry, admin.peers)
+    metrics.conns = AdminConnections(lambda sock: None, lambda: admin.hub.config.max_admin_clients,
+                                     lambda: admin.hub.config.admin_request_timeout_s)
+
+    async def get_only_metrics(request: web.Request) -> web.Response:
+        try:
+            body = generate_latest(request.app[METRICS].registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        finally:
+            if metrics.conns is not None:
+                metrics.conns.answered(request.protocol)
+
+    app.router.add_get("/metrics", get_only_metrics)
+    return app
+
+
+METRICS = web.AppKey("metrics", Admin)

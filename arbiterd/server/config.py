@@ -51,6 +51,12 @@ def _loopback(v: str) -> str | None:
     return None if host in ("127.0.0.1", "localhost", "::1", "[::1]") and port.isdigit() else "a loopback HOST:PORT"
 
 
+def _host_port(v: str) -> str | None:
+    host, _, port = v.rpartition(":")
+    ok = bool(host) and port.isdigit() and 0 < int(port) < 65536 and all(ch.isalnum() or ch in ".:-[]" for ch in host)
+    return None if ok else "a HOST:PORT"
+
+
 def _allow_list(v: str) -> str | None:
     ok = all(p.strip().startswith("/") and "\n" not in p for p in v.split(","))
     return None if ok else "absolute paths, separated by commas"
@@ -119,6 +125,10 @@ class Config:
                                        "'Authorization: Bearer <state-dir/admin.token>'", kind="string",
                                        expects="a loopback HOST:PORT", rule=_loopback, metavar="127.0.0.1:PORT",
                                        restart=True)
+    metrics_listen: str | None = setting(None, "also serve GET /metrics, and nothing else, with no token, on "
+                                         "HOST:PORT (0.0.0.0:9447 in a pod: what a Prometheus PodMonitor scrapes); "
+                                         "the metrics name every instance's pod", kind="string",
+                                         expects="a HOST:PORT", rule=_host_port, metavar="HOST:PORT", restart=True)
     max_clients: int = setting(1024, "connections beyond this are refused with an error", 1, LIMIT, "integer",
                                metavar="N")
     client_reserve: int = setting(64, "of max_clients, the slots kept for tenants that hold fewer than 4 "

@@ -24,7 +24,7 @@ from arbiterd import __version__
 from arbiterd.server import limits
 from arbiterd.server import reload as reload_mod
 from arbiterd.server import status as status_mod
-from arbiterd.server.admin import ADMIN, make_admin_app
+from arbiterd.server.admin import ADMIN, METRICS, make_admin_app, make_metrics_app
 from arbiterd.server.config import DEFAULT_CLIENT_MODE, DEFAULT_SOCKET_GROUP, Config
 from arbiterd.server.connection import ClientConnection
 from arbiterd.server.devices import discover
@@ -77,6 +77,7 @@ class Daemon:
         self._servers: list[asyncio.AbstractServer] = []
         self._bound_paths: list[Path] = []
         self._admin_runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._signals = 0
@@ -130,6 +131,8 @@ class Daemon:
             await web.TCPSite(runner, host.strip("[]"), int(port)).start()
             log.info("admin API also on http://%s (bearer token in %s)", cfg.admin_listen,
                      Path(cfg.state_dir) / "admin.token")
+        if cfg.metrics_listen:
+            await self._serve_metrics(app, cfg.metrics_listen)
         self.hub.sample()
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         self._start_watching()
@@ -140,6 +143,22 @@ class Daemon:
         gc.freeze()
         log.info("arbiterd %s serving %d GPU(s) on %s", __version__, len(self.hub.gpus), run_dir / "arbiter.sock")
         self.notifier.send("READY=1", self.status_line(), f"MAINPID={os.getpid()}")
+
+    async def _serve_metrics(self, admin_app: web.Application, where: str) -> None:
+        """GET /metrics alone, with no token, on ``where`` (metrics_listen); a StartupError if it cannot bind."""
+        app = make_metrics_app(admin_app)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        conns = app[METRICS].conns
+        assert runner.server is not None and conns is not None
+        conns.install(runner.server)
+        self._metrics_runner = runner
+        host, _, port = where.rpartition(":")
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+        except OSError as exc:
+            raise StartupError(f"metrics_listen: cannot listen on {where}: {exc.strerror}") from None
+        log.info("metrics (GET /metrics, no token) on http://%s", where)
 
     def _bind(self, path: Path, mode: int, gid: int | None) -> Any:
         sock = bind_unix(path, mode, gid)
@@ -254,6 +273,8 @@ class Daemon:
             self._source.close()
         if self._admin_runner is not None:
             await asyncio.wait_for(self._admin_runner.cleanup(), 5.0)
+        if self._metrics_runner is not None:
+            await asyncio.wait_for(self._metrics_runner.cleanup(), 5.0)
         for path in self._bound_paths:
             path.unlink(missing_ok=True)
         self.notifier.close()

@@ -412,9 +412,11 @@ class Hub:
                            started_at=self.started_at, state_file=str(self.store.path),
                            state_problem=self.state_problem)
         now, w = time.monotonic_ns(), self.watcher
+        labels = status.pod_labels(self.arbiter)
         for g in doc.gpus:
             status.add_containment(g, self.containment, now, w.utilization.get(g.index) if w else None,
-                                   w.throttled(g.index) if w else set())
+                                   w.throttled(g.index) if w else set(), labels)
+        doc.pod_labels = labels
         return doc
 
     def watch(self, source: ProcessSource) -> Watcher:

@@ -3,6 +3,16 @@
 Per-GPU and per-instance settings are exported as gauges named after the
 settings table (``cgpu_gpu_<setting>``, ``cgpu_instance_<setting>``), those in
 ms in seconds (``cgpu_gpu_overrun_seconds``).
+
+Every per-instance series carries, beside ``gpu`` and ``instance``, the GPU's
+``UUID`` and ``modelName`` and the instance's ``namespace``, ``pod`` and
+``container``, named as dcgm-exporter names them (its collector's ``UUID`` and
+``modelName``, its transformation/const.go ``pod``, ``namespace``, ``container``),
+so a dashboard built for dcgm-exporter joins on them. The pod labels come from the
+allocation a plugin made for the container (``alloc_ctl``), never from the
+container; an instance that is no pod's (a host process, a container with no such
+allocation) has them empty, which Prometheus reads as absent. They are a function
+of the instance, so they add no series: there is one per live instance record.
 """
 
 from __future__ import annotations
@@ -15,9 +25,16 @@ from prometheus_client.registry import Collector
 from arbiterd.core.accounting import BUCKETS
 from arbiterd.core.settings import GPU, INSTANCE
 from arbiterd.server.hub import Hub
-from arbiterd.server.status import DaemonStatus
+from arbiterd.server.status import DaemonStatus, GpuStatus
 
 INSTANCE_GAUGES = ("weight", "highprio")  # memsize is exported as the effective limit, below
+INSTANCE_LABELS = ["gpu", "instance", "UUID", "modelName", "namespace", "pod", "container"]
+POD_KEYS = ("namespace", "pod", "container")
+
+
+def instance_labels(gpu: GpuStatus, instance: str, pod: dict[str, str] | None) -> list[str]:
+    """The values of :data:`INSTANCE_LABELS` for ``instance`` on ``gpu``; the pod's empty where it has none."""
+    return [str(gpu.index), instance, gpu.uuid, gpu.name, *((pod or {}).get(k, "") for k in POD_KEYS)]
 
 
 def metric_name(setting: str) -> str:
@@ -102,7 +119,7 @@ def _gpu_metrics(doc: DaemonStatus, meters: dict[int, tuple[list[int], int]]) ->
 
 def _containment_metrics(doc: DaemonStatus) -> Iterator[Metric]:
     """What NVML shows that bypasses cgpu (arbiterd/server/watch.py); nothing where NVML is not polled."""
-    gi, g_ = ["gpu", "instance"], ["gpu"]
+    gi, g_ = INSTANCE_LABELS, ["gpu"]
     procs = GaugeMetricFamily("cgpu_unmanaged_processes", "Processes with a context on the GPU that are not "
                               "clients of cgpu (allow-listed ones not counted)", labels=gi)
     mem = GaugeMetricFamily("cgpu_unmanaged_memory_bytes", "GPU memory of those processes (NVML)", labels=gi)
@@ -119,10 +136,10 @@ def _containment_metrics(doc: DaemonStatus) -> Iterator[Metric]:
             n, b = by.get(u.instance, (0, 0))
             by[u.instance] = (n + 1, b + u.mem_used)
         for inst, (n, b) in sorted(by.items()):
-            procs.add_metric([lg, inst], n)
-            mem.add_metric([lg, inst], b)
+            procs.add_metric(instance_labels(g, inst, doc.pod_labels.get(inst)), n)
+            mem.add_metric(instance_labels(g, inst, doc.pod_labels.get(inst)), b)
         for inst, b in sorted(g.nvml_memory.items()):
-            nvml.add_metric([lg, inst], b)
+            nvml.add_metric(instance_labels(g, inst, doc.pod_labels.get(inst)), b)
         kills.add_metric([lg, "unmanaged"], g.unmanaged_kills)
         kills.add_metric([lg, "memory"], g.memory_kills)
         breaches.add_metric([lg], g.memory_breaches)
@@ -130,7 +147,7 @@ def _containment_metrics(doc: DaemonStatus) -> Iterator[Metric]:
 
 
 def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
-    gi = ["gpu", "instance"]
+    gi = INSTANCE_LABELS
     held = CounterMetricFamily("cgpu_instance_held_seconds", "Time the instance held the GPU", labels=gi)
     delivered = CounterMetricFamily("cgpu_instance_delivered_seconds", "Useful GPU time delivered: time held, "
                                     "less the hand-overs it was not billed for", labels=gi)
@@ -147,7 +164,7 @@ def _instance_metrics(doc: DaemonStatus) -> Iterator[Metric]:
                                   labels=gi) for q in ("p50", "p99")}
     for g in doc.gpus:
         for i in g.instances:
-            li = [str(g.index), i.id]
+            li = instance_labels(g, i.id, i.labels)
             held.add_metric(li, i.held_seconds)
             delivered.add_metric(li, i.delivered_seconds)
             entitled.add_metric(li, i.entitled_seconds)

@@ -122,6 +122,7 @@ class InstanceStatus:
     wait_p99_ms: float | None
     limit: int = 100  # its ceiling, % of the GPU (100: none; arbiterd.core.limits)
     throttled_seconds: float = 0.0  # time it waited with its limit's runtime spent
+    labels: dict[str, str] | None = None  # its pod (namespace, pod, container), from its allocations; None: not a pod's
 
 
 @dataclass(slots=True)
@@ -135,6 +136,7 @@ class UnmanagedStatus:
     mem_used: int  # bytes, as NVML counts them
     seen_seconds: float  # since it was first seen
     throttled: bool  # under unmanaged = throttle: frozen outside its container's turns
+    labels: dict[str, str] | None = None  # its container's pod, where an allocation bound to it names one
 
 
 @dataclass(slots=True)
@@ -186,9 +188,11 @@ class DaemonStatus:
     allocations_mode: str
     gpus: list[GpuStatus]
     allocations: list[dict[str, Any]]
+    pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # by instance: the metrics' pod labels
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
+        del doc["pod_labels"]  # each instance carries its own (labels); this index serves the metrics
         doc["schema"] = SCHEMA_VERSION
         for g in doc["gpus"]:
             g.update(g.pop("settings"))
@@ -199,14 +203,24 @@ def _pct(delta: int, span: int) -> float | None:
     return round(100 * delta / span, 2) if span > 0 else None
 
 
+def pod_labels(arb: Arbiter) -> dict[str, dict[str, str]]:
+    """The pod labels of every instance that an allocation naming a pod is bound to."""
+    out = {}
+    for a in arb.allocations:
+        if a.bound is not None and a.bound not in out and (labels := arb.allocations.labels_of(a.bound)):
+            out[a.bound] = labels.to_json()
+    return out
+
+
 def add_containment(gs: GpuStatus, c: Containment, now: int, utilization: int | None,
-                    throttled: set[int]) -> None:
-    """What NVML's last poll of the GPU showed: its unmanaged processes, memory per instance, the kills."""
+                    throttled: set[int], labels: dict[str, dict[str, str]]) -> None:
+    """What NVML's last poll of the GPU showed: its unmanaged processes (with their pod's ``labels``, by instance),
+    memory per instance, the kills."""
     seen = c.last.get(gs.index)
     if seen is not None:
         gs.unmanaged_processes = [UnmanagedStatus(p.pid, p.instance, p.container, p.exe, p.used,
                                         round((now - c.first_seen.get((gs.index, p.pid, p.started), now)) / 1e9, 3),
-                                        p.pid in throttled) for p in seen.unmanaged]
+                                        p.pid in throttled, labels.get(p.instance)) for p in seen.unmanaged]
         gs.nvml_memory = dict(seen.memory)
     gs.utilization_pct = utilization
     gs.unmanaged_kills = c.kills[(gs.index, "unmanaged")]
@@ -240,7 +254,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                      for k, p in past.items()}
             pids = sorted({arb.clients[c].pid for c in rec.clients if c in arb.clients})
             found = sched.rq.waits.quantiles(rec.name, now)
-            waits = [None, None] if found is None else [round(w / 1e6, 3) for w in found]
+            p50, p99 = (None, None) if found is None else (round(found[0] / 1e6, 3), round(found[1] / 1e6, 3))
             insts.append(InstanceStatus(
                 rec.name, st.weight, int(st.highprio), st.weight == 0, cur.held / 1e9,
                 cur.delivered / 1e9, cur.delivered / 1e9, round(cur.entitled / 1e9, 6), round(cur.owed / 1e9, 6),
@@ -248,8 +262,9 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 {k: f.entitled_pct for k, f in fair.items()}, {k: f.delivered_pct for k, f in fair.items()},
                 {k: f.error_pp for k, f in fair.items()}, st.grants,
                 rec.ledger.used, rec.ledger.limit, pids, len(rec.clients), rec.provisioned,
-                sched.has_demand(rec.name), waits[0], waits[1],
+                sched.has_demand(rec.name), p50, p99,
                 limit=st.limit, throttled_seconds=sched.throttled_ns(rec.name, now) / 1e9,
+                labels=rec.labels.to_json() if rec.labels else None,
             ))
         transit, warmup = sched.handover.parts
         gs = GpuStatus(

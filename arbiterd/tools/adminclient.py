@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from arbiterd.core.podlabels import PodLabels
+
 DEFAULT_ADMIN = "/run/cgpu/admin.sock"
 ALLOC_CTL = "/v1/tree/alloc_ctl"
 
@@ -119,8 +121,9 @@ class AdminClient:
 
     def create_allocation(self, alloc_id: str, token_sha256: str, gpus: Sequence[int],
                           memsize: Sequence[int] = (), core: int = 0, weight: int = 0, highprio: bool = False,
-                          limit: int = 0) -> None:
-        """``alloc_ctl create``; raise Refused (409: it would overcommit, or the id exists)."""
+                          limit: int = 0, labels: PodLabels | None = None) -> None:
+        """``alloc_ctl create``, with the pod ``labels`` of its container where known; raise Refused (409: it would
+        overcommit, or the id exists)."""
         body = f"create {alloc_id} token={token_sha256} gpu={','.join(str(g) for g in gpus)}"
         if memsize:
             body += f" memsize={','.join(str(m) for m in memsize)}"
@@ -132,7 +135,13 @@ class AdminClient:
             body += " highprio=1"
         if limit:
             body += f" limit={limit}"
+        if labels is not None:
+            body += f" {labels.words()}"
         self.request("PUT", ALLOC_CTL, body)
+
+    def label_allocation(self, alloc_id: str, labels: PodLabels) -> None:
+        """``alloc_ctl label``: the pod of the container ``alloc_id`` is for; raise Refused (404: no such id)."""
+        self.request("PUT", ALLOC_CTL, f"label {alloc_id} {labels.words()}")
 
     def remove_allocation(self, alloc_id: str) -> bool:
         """``alloc_ctl remove``; False when arbiterd did not know the id (404)."""

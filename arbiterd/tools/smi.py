@@ -1,12 +1,15 @@
 """``cgpu-smi``: per-GPU and per-instance view of arbiterd, like cGPU's cgpu-smi.
 
-    cgpu-smi [--admin ADDR] [-l [SECONDS] | --watch [SECONDS]] [--json]
+    cgpu-smi [--admin ADDR] [-l [SECONDS] | --watch [SECONDS]] [--json] [--pod [NAMESPACE/]NAME]
 
 Each instance shows what it was entitled to, what it was delivered (useful
 time) and the error (delivered less what it was owed while it had demand), over
-1 s and 60 s. With ``-l`` the table refreshes in place on a terminal (the
-alternate screen, like ``watch``), and is printed as plain blocks, one after
-the other, when the output is piped (``--json``: one document a line).
+1 s and 60 s. On a Kubernetes node, where a plugin named an instance's pod,
+the table gains ``Pod`` (``namespace/pod``) and ``Container`` columns, and
+``--pod`` keeps that pod's instances alone. With ``-l`` the table refreshes in
+place on a terminal (the alternate screen, like ``watch``), and is printed as
+plain blocks, one after the other, when the output is piped (``--json``: one
+document a line).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 from typing import Any
 
 from arbiterd import __version__
+from arbiterd.core import podlabels
+from arbiterd.core.errors import SettingError
 from arbiterd.core.settings import format_size
 from arbiterd.tools.adminclient import AdminClient, add_admin_args, run_tool
 
@@ -42,7 +47,42 @@ def _slice(g: dict[str, Any]) -> str:
     return f"auto {eff}" if g["slice_ms"] == "auto" else eff
 
 
-def render(doc: dict[str, Any]) -> str:
+def pod_of(item: dict[str, Any]) -> tuple[str, str]:
+    """An instance's (or unmanaged process's) ``namespace/pod`` and container, ``-`` where it has none."""
+    labels = item.get("labels")
+    if not labels:
+        return "-", "-"
+    return f"{labels['namespace']}/{labels['pod']}", labels["container"] or "-"
+
+
+def pod_matches(item: dict[str, Any], want: str) -> bool:
+    """Whether ``item``'s pod is ``want``: ``NAME`` (in any namespace) or ``NAMESPACE/NAME``."""
+    labels = item.get("labels")
+    if not labels:
+        return False
+    namespace, _, name = want.rpartition("/")
+    return bool(labels["pod"] == name and (not namespace or labels["namespace"] == namespace))
+
+
+def only_pod(doc: dict[str, Any], want: str) -> dict[str, Any]:
+    """``doc`` with only the instances, unmanaged processes and allocations of pod ``want``."""
+    gpus = [{**g, "instances": [i for i in g["instances"] if pod_matches(i, want)],
+             "unmanaged_processes": [u for u in g.get("unmanaged_processes", []) if pod_matches(u, want)]}
+            for g in doc["gpus"]]
+    return {**doc, "gpus": gpus, "allocations": [a for a in doc.get("allocations", []) if pod_matches(a, want)]}
+
+
+def pod_arg(text: str) -> str:
+    """``--pod``'s value: a pod name, or ``namespace/name``, each by Kubernetes' rules."""
+    namespace, _, name = text.rpartition("/")
+    try:
+        podlabels.check(namespace or "default", name)
+    except SettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("namespace=", "").replace("pod=", "")) from None
+    return text
+
+
+def render(doc: dict[str, Any], pod: str | None = None) -> str:
     out = []
     problem = doc.get("state_problem")
     out.append(f"cgpu-smi {__version__}   arbiterd {doc['version']} (pid {doc['pid']})   "
@@ -64,7 +104,13 @@ def render(doc: dict[str, Any]) -> str:
                    f"{_pct(g['busy_pct']['60s']):>7}{_pct(g['fairness_error_pp']['60s']):>13}"
                    f"{g['round_ms']:>7.0f}ms")
     out.append("")
-    inst_hdr = f"{'GPU':<4}{'Instance':<16}{'Weight':>7}{'HighPrio':>9}{'Entitled% 1s':>14}{'60s':>7}" \
+    # Pod and Container columns on a node where some instance is a pod's: as wide as the longest name, never cut
+    pods = {i["id"]: pod_of(i) for g in doc["gpus"] for i in g["instances"]}
+    shown = any(p != ("-", "-") for p in pods.values())
+    pod_w = max([len("Pod"), *(len(p) for p, _ in pods.values())]) + 2 if shown else 0
+    ctr_w = max([len("Container"), *(len(c) for _, c in pods.values())]) + 2 if shown else 0
+    pod_hdr = f"{'Pod':<{pod_w}}{'Container':<{ctr_w}}" if shown else ""
+    inst_hdr = f"{'GPU':<4}{'Instance':<16}{pod_hdr}{'Weight':>7}{'HighPrio':>9}{'Entitled% 1s':>14}{'60s':>7}" \
                f"{'Delivered% 1s':>15}{'60s':>7}{'Err pp 1s':>11}{'60s':>7}{'Wait p50':>10}{'p99':>8}  " \
                f"{'Memory used / limit':<26}{'PIDs'}"
     out.append(inst_hdr)
@@ -76,7 +122,8 @@ def render(doc: dict[str, Any]) -> str:
             mem = f"{format_size(i['mem_used'])} / {format_size(i['mem_limit'])}"
             weight = f"{i['weight']}" + ("!" if i["starved"] else "")
             pids = ",".join(str(p) for p in i["pids"]) or "-"
-            line = (f"{g['index']:<4}{i['id'][:15]:<16}{weight:>7}{i['highprio']:>9}"
+            in_pod = f"{pods[i['id']][0]:<{pod_w}}{pods[i['id']][1]:<{ctr_w}}" if shown else ""
+            line = (f"{g['index']:<4}{i['id'][:15]:<16}{in_pod}{weight:>7}{i['highprio']:>9}"
                     f"{_pct(i['entitled_pct']['1s']):>14}{_pct(i['entitled_pct']['60s']):>7}"
                     f"{_pct(i['delivered_pct']['1s']):>15}{_pct(i['delivered_pct']['60s']):>7}"
                     f"{_signed(i['error_pp']['1s']):>11}{_signed(i['error_pp']['60s']):>7}"
@@ -87,7 +134,7 @@ def render(doc: dict[str, Any]) -> str:
                 line += f"   LIMIT {i['limit']} %, throttled {i.get('throttled_seconds', 0.0):.1f} s"
             out.append(line)
     if not any_inst:
-        out.append("(no instances)")
+        out.append(f"(no instances of pod {pod})" if pod else "(no instances)")
     out += _unmanaged(doc)
     return "\n".join(out) + "\n"
 
@@ -97,12 +144,16 @@ def _unmanaged(doc: dict[str, Any]) -> list[str]:
     rows = [(g, u) for g in doc["gpus"] for u in g.get("unmanaged_processes", [])]
     if not rows:
         return []
-    hdr = f"{'GPU':<4}{'Instance':<16}{'PID':>8}  {'Memory used':<14}{'Seen':>8}  {'State':<22}Executable"
+    pods = {u["pid"]: pod_of(u)[0] for _, u in rows}
+    pod_w = max([len("Pod"), *(len(p) for p in pods.values())]) + 2 if any(p != "-" for p in pods.values()) else 0
+    hdr = (f"{'GPU':<4}{'Instance':<16}{'Pod' if pod_w else '':<{pod_w}}{'PID':>8}  {'Memory used':<14}{'Seen':>8}  "
+           f"{'State':<22}Executable")
     out = ["", hdr, "-" * len(hdr)]
     for g, u in rows:
         state = "UNMANAGED throttled" if u["throttled"] else "UNMANAGED"
-        out.append(f"{g['index']:<4}{u['instance'][:15]:<16}{u['pid']:>8}  {format_size(u['mem_used']):<14}"
-                   f"{u['seen_seconds']:>7.0f}s  {state:<22}{u['exe'] or '?'}")
+        in_pod = pods[u["pid"]] if pod_w else ""
+        out.append(f"{g['index']:<4}{u['instance'][:15]:<16}{in_pod:<{pod_w}}{u['pid']:>8}  "
+                   f"{format_size(u['mem_used']):<14}{u['seen_seconds']:>7.0f}s  {state:<22}{u['exe'] or '?'}")
     return out
 
 
@@ -113,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refresh every SECONDS (default 1) until Ctrl-C: in place on a terminal, as plain "
                         "blocks when piped")
     p.add_argument("--json", action="store_true", help="print the status document as JSON (one a line with -l)")
+    p.add_argument("--pod", type=pod_arg, metavar="[NAMESPACE/]NAME",
+                   help="only the instances of this Kubernetes pod (in any namespace, unless one is given), as the "
+                        "plugin that allocated them named it; with --json, the document holds only those")
     return p
 
 
@@ -124,8 +178,8 @@ def frame(text: str) -> str:
     return "\x1b[H" + "".join(line + "\x1b[K\n" for line in text.splitlines()) + "\x1b[J"
 
 
-def stamped(doc: dict[str, Any]) -> str:
-    return time.strftime("%a %b %d %H:%M:%S %Y") + "\n" + render(doc)
+def stamped(doc: dict[str, Any], pod: str | None = None) -> str:
+    return time.strftime("%a %b %d %H:%M:%S %Y") + "\n" + render(doc, pod)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,14 +197,16 @@ def main(argv: list[str] | None = None) -> int:
             first = True
             while True:
                 doc = client.status()
+                if args.pod is not None:
+                    doc = only_pod(doc, args.pod)
                 if args.json:
                     print(json.dumps(doc) if args.loop is not None else json.dumps(doc, indent=2), flush=True)
                 elif args.loop is None:
-                    sys.stdout.write(render(doc))
+                    sys.stdout.write(render(doc, args.pod))
                 elif in_place:
-                    sys.stdout.write(frame(stamped(doc)))
+                    sys.stdout.write(frame(stamped(doc, args.pod)))
                 else:
-                    sys.stdout.write(("" if first else "\n") + stamped(doc))
+                    sys.stdout.write(("" if first else "\n") + stamped(doc, args.pod))
                 sys.stdout.flush()
                 first = False
                 if args.loop is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 API = Path(__file__).resolve().parent
 ROOT = API.parent.parent  # the directory holding the cgpu_device_plugin package
-PROTOS = [API / "deviceplugin" / "v1beta1" / "api.proto"]
+PROTOS = [API / "deviceplugin" / "v1beta1" / "api.proto", API / "podresources" / "v1" / "api.proto"]
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

@@ -89,7 +89,9 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def value(text: str, name: str, **labels: str) -> float:
-    return samples(text)[(name, tuple(sorted(labels.items())))]
+    """The one sample of ``name`` whose labels include ``labels``."""
+    (found,) = [v for (n, have), v in samples(text).items() if n == name and set(labels.items()) <= set(have)]
+    return found
 
 
 @needs_promtool
@@ -106,7 +108,17 @@ def test_the_rules_pass_their_unit_tests() -> None:
 
 @needs_promtool
 def test_live_metrics_pass_promtool_check_metrics(live: Scrapes) -> None:
+    """promtool finds nothing but the two label names dcgm-exporter chose (``UUID``, ``modelName``: not snake_case,
+    kept so that dashboards built for dcgm-exporter join on them), on the per-instance series that carry them; with
+    those two labels taken out, nothing at all."""
     out = promtool("check", "metrics", stdin=live.second)
+    lint = sorted(set((out.stdout + out.stderr).splitlines()))
+    per_instance = sorted({s.name for f in text_string_to_metric_families(live.second) for s in f.samples
+                           if "modelName" in s.labels})
+    assert per_instance and all(n.startswith("cgpu_instance_") for n in per_instance)
+    assert lint == [f"{n} label names should be written in 'snake_case' not 'camelCase'" for n in per_instance]
+    stripped = re.sub(r'(UUID|modelName)="[^"]*",?', "", live.second).replace(",}", "}")
+    out = promtool("check", "metrics", stdin=stripped)
     assert out.returncode == 0 and out.stdout + out.stderr == "", out.stdout + out.stderr
 
 
@@ -165,3 +177,23 @@ def test_the_dashboard_asks_only_for_exported_metrics(live: Scrapes) -> None:
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dash["panels"])
     heat = next(p for p in dash["panels"] if p["title"] == "Grant latency")
     assert heat["type"] == "heatmap" and heat["targets"][0]["format"] == "heatmap"
+
+
+def test_the_dashboard_has_namespace_and_pod_variables_and_a_panel_per_pod() -> None:
+    """Variables namespace and pod read the pod labels of the instance series (host instances, whose are empty,
+    left out); one panel repeats per pod with its entitled and delivered share, memory against its limit and grant
+    wait; every query filters by the node label the PodMonitor sets, none by the instance label (a container id)."""
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {t["name"]: t for t in dash["templating"]["list"]}
+    assert variables["namespace"]["query"] == 'label_values(cgpu_instance_weight{node=~"$node", namespace!=""}, ' \
+                                              'namespace)'
+    assert 'namespace=~"$namespace"' in variables["pod"]["query"] and 'pod!=""' in variables["pod"]["query"]
+    (per_pod,) = [p for p in dash["panels"] if p.get("repeat") == "pod"]
+    exprs = [t["expr"] for t in per_pod["targets"]]
+    for metric in ("cgpu_instance_entitled_seconds_total", "cgpu_instance_delivered_seconds_total",
+                   "cgpu_instance_memory_used_bytes", "cgpu_instance_memory_limit_bytes",
+                   "cgpu_instance_grant_wait_p50_seconds", "cgpu_instance_grant_wait_p99_seconds"):
+        assert any(metric in e for e in exprs), metric
+    assert all('pod=~"$pod"' in e and 'namespace=~"$namespace"' in e for e in exprs)
+    every = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert all('node=~"$node"' in e for e in every) and not any("instance=~" in e for e in every)

@@ -26,7 +26,8 @@ from cgpu_dra_plugin import DRIVER
 from cgpu_testing.apiserver import FakeApiServer, validate
 from cgpu_testing.tools import ROOT
 
-DEPLOY = ROOT / "deploy" / "kubernetes" / "dra"
+DEPLOY = ROOT / "deploy" / "kubernetes" / "overlays" / "dra"
+EXAMPLES = ROOT / "deploy" / "kubernetes" / "examples" / "dra"
 ADMISSION = DEPLOY / "admission.yaml"
 POLICY = "cgpu-highprio-claims"
 LABEL, ALLOWED = "cgpu.io/highprio", "allowed"
@@ -81,7 +82,7 @@ def namespace(labels: dict[str, str] | None) -> dict[str, Any]:
 
 def shipped_templates() -> list[dict[str, Any]]:
     out = []
-    for path in sorted(DEPLOY.glob("example-*.yaml")):
+    for path in sorted(EXAMPLES.glob("example-*.yaml")):
         for d in yaml.safe_load_all(path.read_text()):
             if d["kind"] == "ResourceClaimTemplate":
                 d["metadata"]["namespace"] = NS

@@ -25,3 +25,5 @@ def test_dra_places_every_pod_on_one_card_with_room_and_never_overcommits() -> N
     assert (dra.split, dra.refused_with_room, dra.overcommits) == (0, 0, 0)
     assert dra.admitted >= plugin.admitted - plugin.split  # at least as many pods run as through the plugin
     assert len(dra.prepare_ms) >= dra.admitted
+    assert dra.running_at_end >= 5 and dra.labelled == dra.running_at_end, dra.label_problems
+    assert plugin.running_at_end >= 5 and plugin.labelled == plugin.running_at_end, plugin.label_problems

@@ -28,7 +28,7 @@ from cgpu_testing.k8s import GIB
 from cgpu_testing.tools import ROOT
 
 PROG = str(Path(__file__).with_name("container_prog.py"))
-DEPLOY = ROOT / "deploy" / "kubernetes" / "dra"
+DEPLOY = ROOT / "deploy" / "kubernetes" / "overlays" / "dra"
 
 
 @pytest.fixture

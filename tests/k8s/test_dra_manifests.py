@@ -1,9 +1,11 @@
-"""deploy/kubernetes/dra: every manifest validates against the Kubernetes schemas of 1.34 to 1.37, the RBAC is
-exactly what the plugin calls, and the example claims are placed by the scheduler model and prepared as meant."""
+"""deploy/kubernetes/overlays/dra as ``kubectl kustomize`` renders it, and deploy/kubernetes/examples/dra: every
+object validates against the Kubernetes schemas of 1.34 to 1.37, the RBAC is exactly what the plugin calls, and the
+example claims are placed by the scheduler model and prepared as meant."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import re
@@ -18,40 +20,48 @@ from cgpu_dra_plugin.claims import BadClaim, grants
 from cgpu_dra_plugin.kubeapi import KubeApi
 from cgpu_dra_plugin.main import build_parser
 from cgpu_dra_plugin.slices import Gpu, resource_slice
-from cgpu_testing import drasched
+from cgpu_testing import drasched, manifests
 from cgpu_testing.drasched import allocate
-from cgpu_testing.tools import ROOT
+from cgpu_testing.manifests import VERSIONS
 
-DEPLOY = ROOT / "deploy" / "kubernetes" / "dra"
-VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+EXAMPLES = manifests.EXAMPLES / "dra"
 yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate (test extra)")
 GIB = 1 << 30
 
 
-def documents() -> list[tuple[Path, dict[str, Any]]]:
-    docs = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
-        docs += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+@functools.cache
+def _rendered() -> tuple[dict[str, Any], ...]:
+    return tuple(manifests.render(manifests.OVERLAYS["dra"]))
+
+
+def examples() -> list[dict[str, Any]]:
+    return [d for path in sorted(EXAMPLES.glob("example-*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def documents() -> list[dict[str, Any]]:
+    """The overlay as kubectl kustomize renders it, and the examples."""
+    try:
+        return [*_rendered(), *examples()]
+    except manifests.NoKubectl:
+        pytest.skip("kubectl is not installed (kubectl kustomize renders the overlay)")
 
 
 def of_kind(kind: str) -> list[dict[str, Any]]:
-    return [d for _, d in documents() if d["kind"] == kind]
+    return [d for d in documents() if d["kind"] == kind]
 
 
 def test_the_manifests_are_there() -> None:
-    kinds = sorted({d["kind"] for _, d in documents()})
+    kinds = sorted({d["kind"] for d in documents()})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "Pod",
-                     "ResourceClaimTemplate", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "PodMonitor", "ResourceClaimTemplate", "ServiceAccount", "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicyBinding"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize(("path", "doc"), documents(),
-                         ids=lambda v: v.name if isinstance(v, Path) else f"{v['kind']}-{v['metadata']['name']}")
-def test_every_manifest_validates_against_the_kubernetes_schema(path: Path, doc: dict[str, Any], version: str) -> None:
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
-    kubernetes_validate.validate(doc, version, strict=True)
+def test_every_manifest_validates_against_the_kubernetes_schema(version: str) -> None:
+    pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
+    docs = documents()
+    assert [manifests.problem(d, version) for d in docs] == [None] * len(docs)
 
 
 CLIENT_VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch",
@@ -83,9 +93,10 @@ def _plugin_modules() -> dict[str, ast.Module]:
     return seen
 
 
-def plugin_api_calls() -> dict[str, list[str]]:
-    """resource -> verbs, derived from the code: the KubeApi methods the plugin's modules call, and the
-    ResourceV1Api calls in those methods (read_ -> get, list_ -> list, create_, replace_ -> update, delete_)."""
+def plugin_api_calls() -> dict[tuple[str, str], list[str]]:
+    """(API group, resource) -> verbs, derived from the code: the KubeApi methods the plugin's modules call, and the
+    ResourceV1Api (group resource.k8s.io) and CoreV1Api (the core group, "") calls in those methods (read_ -> get,
+    list_ -> list, create_, replace_ -> update, delete_)."""
     methods = {n for n, _ in inspect.getmembers(KubeApi, inspect.isfunction) if not n.startswith("_")}
     used = set()
     modules = _plugin_modules()
@@ -96,13 +107,14 @@ def plugin_api_calls() -> dict[str, list[str]]:
             continue
         used |= {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                  and n.func.attr in methods}
-    verbs: dict[str, set[str]] = {}
+    verbs: dict[tuple[str, str], set[str]] = {}
     for m in used:
-        for call in re.findall(r"self\._resource\.(\w+)\(", inspect.getsource(getattr(KubeApi, m))):
+        for api, call in re.findall(r"self\._(resource|core)\.(\w+)\(", inspect.getsource(getattr(KubeApi, m))):
             verb, _, rest = call.partition("_")
-            kind = re.fullmatch(r"(?:namespaced_)?resource_(\w+?)(?:_for_all_namespaces)?", rest)
+            kind = re.fullmatch(r"(?:namespaced_)?(?:resource_)?(\w+?)(?:_for_all_namespaces)?", rest)
             assert kind is not None and verb in CLIENT_VERBS, call
-            verbs.setdefault(f"resource{kind.group(1).replace('_', '')}s", set()).add(CLIENT_VERBS[verb])
+            group, prefix = ("resource.k8s.io", "resource") if api == "resource" else ("", "")
+            verbs.setdefault((group, f"{prefix}{kind.group(1).replace('_', '')}s"), set()).add(CLIENT_VERBS[verb])
     return {r: sorted(v) for r, v in verbs.items()}
 
 
@@ -110,11 +122,11 @@ def test_rbac_grants_exactly_what_the_plugin_calls() -> None:
     """The ClusterRole's verbs per resource are those of the API calls the plugin's code makes (derived from the
     code, see plugin_api_calls), no more; and it is bound to the DaemonSet's service account."""
     calls = plugin_api_calls()
-    assert calls["resourceclaims"] and calls["resourceslices"]  # the derivation found the calls at all
+    assert calls[("resource.k8s.io", "resourceclaims")] and calls[("resource.k8s.io", "resourceslices")]
+    assert calls[("", "pods")] == ["get"]  # the pod a claim is reserved for: its containers' names
     (role,) = of_kind("ClusterRole")
-    assert all(r["apiGroups"] == ["resource.k8s.io"] for r in role["rules"])
-    assert {r: sorted(v) for rule in role["rules"] for r, v in [(rule["resources"][0], rule["verbs"])]} == calls
-    assert all(len(rule["resources"]) == 1 for rule in role["rules"])
+    assert all(len(rule["resources"]) == 1 and len(rule["apiGroups"]) == 1 for rule in role["rules"])
+    assert {(rule["apiGroups"][0], rule["resources"][0]): sorted(rule["verbs"]) for rule in role["rules"]} == calls
     (binding,) = of_kind("ClusterRoleBinding")
     (sa,) = of_kind("ServiceAccount")
     (ds,) = of_kind("DaemonSet")
@@ -134,7 +146,7 @@ def test_the_admission_policy_confines_every_slice_write_of_the_plugin_to_its_no
     spec = policy["spec"]
     (rule,) = spec["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == ["resource.k8s.io"] and rule["resources"] == ["resourceslices"]
-    writes = {v.upper() for v in plugin_api_calls()["resourceslices"] if v not in ("get", "list")}
+    writes = {v.upper() for v in plugin_api_calls()[("resource.k8s.io", "resourceslices")] if v not in ("get", "list")}
     assert writes and writes <= set(rule["operations"])
     (cond,) = spec["matchConditions"]
     user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
@@ -190,7 +202,7 @@ def test_the_example_claims_are_placed_on_one_card_and_carry_their_share_config(
     """Each example file's claims, allocated by the scheduler model on an empty node of two 16 GiB cards: memory
     alone takes 4Gi and no cores; memory with cores 4Gi and 30; the weight pair share GPU 0, weights 1 and 2."""
     got = {}
-    for path in sorted(DEPLOY.glob("example-*.yaml")):
+    for path in sorted(EXAMPLES.glob("example-*.yaml")):
         slices = [resource_slice("n1", DRIVER, [Gpu(i, f"GPU-{i}", "A10", 16 * GIB, 1) for i in range(2)], 1)]
         done: list[dict[str, Any]] = []
         for t in (d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ResourceClaimTemplate"):

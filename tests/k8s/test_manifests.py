@@ -1,7 +1,9 @@
-"""deploy/kubernetes: every manifest validates against the Kubernetes schema, and agrees with the configs."""
+"""deploy/kubernetes/overlays/device-plugin, as ``kubectl kustomize`` renders it: every object validates against the
+Kubernetes schema, and agrees with the configs (tests/deploy/test_kustomize.py checks every overlay and version)."""
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -9,34 +11,36 @@ from typing import Any
 import pytest
 
 from cgpu_device_plugin import config as plugin_config
-from cgpu_testing.tools import ROOT
-
-DEPLOY = ROOT / "deploy" / "kubernetes"
+from cgpu_testing import manifests
 
 yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate (test extra)")
 
 
-def documents() -> list[tuple[Path, dict[str, Any]]]:
-    docs = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
-        docs += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+@functools.cache
+def _rendered() -> tuple[dict[str, Any], ...]:
+    return tuple(manifests.render(manifests.OVERLAYS["device-plugin"]))
+
+
+def documents() -> list[dict[str, Any]]:
+    try:
+        return list(_rendered())
+    except manifests.NoKubectl:
+        pytest.skip("kubectl is not installed (kubectl kustomize renders the overlay)")
 
 
 def by_kind(kind: str) -> dict[str, Any]:
-    (doc,) = [d for _, d in documents() if d["kind"] == kind]
+    (doc,) = [d for d in documents() if d["kind"] == kind]
     return doc
 
 
 def test_there_are_manifests() -> None:
-    assert {d["kind"] for _, d in documents()} == {"DaemonSet", "ConfigMap"}
+    assert {d["kind"] for d in documents()} == {"DaemonSet", "ConfigMap", "PodMonitor"}
 
 
-@pytest.mark.parametrize(("path", "doc"), documents(), ids=lambda v: v.name if isinstance(v, Path) else v["kind"])
-def test_every_manifest_validates_against_the_kubernetes_schema(path: Path, doc: dict[str, Any]) -> None:
-    kubernetes_validate = pytest.importorskip(
-        "kubernetes_validate", reason="kubernetes-validate is not installed (it is in the test extra)")
-    kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+def test_every_manifest_validates_against_the_kubernetes_schema() -> None:
+    pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (it is in the test extra)")
+    docs = documents()
+    assert [manifests.problem(d, "1.37") for d in docs] == [None] * len(docs)
 
 
 def test_the_plugin_config_in_the_configmap_is_valid() -> None:
@@ -65,8 +69,12 @@ def test_the_plugin_sees_every_host_path_at_the_same_path() -> None:
                for m in plugin["volumeMounts"] if "hostPath" in volumes[m["name"]]}
     assert all(mount == host for mount, host in host_of.items())
     cfg, _ = plugin_config.from_mapping(tomllib.loads(by_kind("ConfigMap")["data"]["cgpu-device-plugin.toml"]))
-    for path in (cfg.kubelet_dir, cfg.alloc_dir, cfg.socket_dir, str(Path(cfg.libcgpu).parent)):
+    for path in (cfg.kubelet_dir, cfg.alloc_dir, cfg.socket_dir, str(Path(cfg.libcgpu).parent),
+                 str(Path(cfg.pod_resources_socket).parent)):
         assert path in host_of, path
+    pod_resources_dir = str(Path(cfg.pod_resources_socket).parent)
+    (pod_resources,) = [m for m in plugin["volumeMounts"] if m["mountPath"] == pod_resources_dir]
+    assert pod_resources["readOnly"] is True
 
 
 def test_privileges_are_only_where_needed() -> None:

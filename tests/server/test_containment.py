@@ -19,6 +19,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from arbiterd.core.containment import START_GRACE_NS
 from arbiterd.tools.adminclient import AdminClient
@@ -85,8 +86,13 @@ def test_metrics_count_unmanaged_processes_and_memory_by_gpu_and_instance(daemon
     nvml.run(sleeper.pid, 300 * MIB)
     wait_for(lambda: gpu0(d)["unmanaged_processes"])
     text = AdminClient(d.admin).request("GET", "/metrics")
-    assert f'cgpu_unmanaged_processes{{gpu="0",instance="{ME}"}} 1.0' in text
-    assert f'cgpu_unmanaged_memory_bytes{{gpu="0",instance="{ME}"}} 3.145728e+08' in text
+    g = gpu0(d)  # a host process: the GPU's UUID and model, no pod (empty: absent to Prometheus)
+    labels = {"gpu": "0", "instance": ME, "UUID": g["uuid"], "modelName": g["name"], "namespace": "", "pod": "",
+              "container": ""}
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+           for s in f.samples}
+    assert got[("cgpu_unmanaged_processes", tuple(sorted(labels.items())))] == 1
+    assert got[("cgpu_unmanaged_memory_bytes", tuple(sorted(labels.items())))] == 300 * MIB
     assert 'cgpu_kills_total{gpu="0",reason="unmanaged"} 0.0' in text
     assert 'cgpu_gpu_unmanaged{gpu="0"} 1.0' in text  # the setting: 1 report
 

@@ -252,5 +252,7 @@ def test_each_instances_grant_wait_is_in_the_status_and_the_metrics(hub: Hub) ->
     reg = CollectorRegistry()
     reg.register(ArbiterCollector(hub))
     sample = reg.get_sample_value
-    assert sample("cgpu_instance_grant_wait_p99_seconds", {"gpu": "0", "instance": "b"}) == 0.049
-    assert sample("cgpu_instance_grant_wait_p50_seconds", {"gpu": "0", "instance": "c"}) is None
+    gpu = {"gpu": "0", "UUID": hub.gpus[0].uuid, "modelName": hub.gpus[0].name, "namespace": "", "pod": "",
+           "container": ""}
+    assert sample("cgpu_instance_grant_wait_p99_seconds", {**gpu, "instance": "b"}) == 0.049
+    assert sample("cgpu_instance_grant_wait_p50_seconds", {**gpu, "instance": "c"}) is None

@@ -30,7 +30,9 @@ def test_a_gauge_per_gpu_setting_and_instance_values(hub: Hub) -> None:
     assert reg.get_sample_value("cgpu_gpu_handover_part_seconds", {"gpu": "0", "part": "transit"}) == 0.0005
     assert reg.get_sample_value("cgpu_gpu_handover_part_seconds", {"gpu": "0", "part": "warmup"}) == 0.001
     assert reg.get_sample_value("cgpu_gpu_policy", {"gpu": "1"}) == 2  # a weight above 1 made it weighted
-    labels = {"gpu": "1", "instance": "a"}
+    gpu1 = hub.gpus[1]
+    labels = {"gpu": "1", "instance": "a", "UUID": gpu1.uuid, "modelName": gpu1.name, "namespace": "", "pod": "",
+              "container": ""}  # a host instance: no pod labels (empty is Prometheus's absent)
     assert reg.get_sample_value("cgpu_instance_weight", labels) == 3
     assert reg.get_sample_value("cgpu_instance_memory_limit_bytes", labels) == 2**30
     assert reg.get_sample_value("cgpu_gpu_free_weight", {"gpu": "1"}) == 13
