@@ -427,7 +427,7 @@ class Floods:
         assert self.hog.call("flood_connect", n=1)["open"] == 1
         assert self.costly.call("flood_connect", n=8)["open"] == 8
         t = threading.Thread(target=self._run, args=("bytes", self.costly, "flood_bytes"),
-                             kwargs={"seconds": self.seconds - 1, "conns": 8})
+                             kwargs={"seconds": self.seconds - 1, "conns": 8, "register": {"instance": None}})
         t.start()
         self.threads.append(t)
         for name, agent, kw in (

@@ -37,7 +37,7 @@ It reads one JSON command per line on stdin and answers each with one JSON line 
                                               that exits Z s later, left a zombie, before the request is sent
     {"op": "flood_unread", "n": N, "gpu": G} -> {"conns": k}: every flood connection sends N registers naming
                                               GPU G at once, and never reads a reply
-    {"op": "flood_bytes", "seconds": S, "conns": N, "items": K}
+    {"op": "flood_bytes", "seconds": S, "conns": N, "items": K, "register": {...}}
                                            -> {"sent": n, "frame_bytes": b, "closed": k}: the flood connections send
                                               requests costly to decode (K arrays of K empty maps in one key)
     {"op": "zombie_connect", "sock": S}    -> {"child": PID}: a child connects to S (default: the daemon's socket)
@@ -167,11 +167,17 @@ def flood_register(path: str, seconds: float) -> dict[str, Any]:
     return {"sent": sent, "answered": answered[0]}
 
 
-def flood_bytes(conns: list[Conn], seconds: float, items: int) -> dict[str, Any]:
+def flood_bytes(conns: list[Conn], seconds: float, items: int, register: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
     """On greeted connections, send as fast as they can requests that cost much to decode and little to refuse: a
     ``mem_query`` with one more key holding ``items`` arrays of ``items`` empty maps (64: about 4 KiB, 4 160
     items; 4096 would make a frame of 64 KiB and 61 000 maps, past what the daemon takes now). Each is answered
-    ``bad_request`` and the connection stays; the replies are read."""
+    ``bad_request`` and the connection stays; the replies are read. With ``register`` each connection registers
+    so first (a greeted connection that does not is closed at idle_timeout_s)."""
+    if register is not None:
+        for c in conns:
+            c.send({"op": "register", "id": 1, "gpus": [1], **register})
+            c.recv(5.0)
     rows = items if items <= 64 else 61_000 // items
     frame = msgpack.packb({"op": "mem_query", "id": 1, "gpu": 1, "x": [[{}] * items] * rows})
     batch = frame * max(1, 65536 // len(frame))
@@ -368,7 +374,8 @@ def main() -> int:
                     time.sleep(0.001)
                 reply({"conns": len(flood), "unsent": sum(len(v) for v in pending.values())})
             elif op == "flood_bytes":
-                reply(flood_bytes(flood[: cmd.get("conns", 8)], cmd["seconds"], cmd.get("items", 64)))
+                reply(flood_bytes(flood[: cmd.get("conns", 8)], cmd["seconds"], cmd.get("items", 64),
+                                  cmd.get("register")))
             elif op == "work":
                 assert conn is not None
                 reply(work(conn, cmd))
