@@ -51,8 +51,6 @@ class AdminConnections:
         self.timeout_s = timeout_s  # admin_request_timeout_s, likewise
         self.conns: dict[Any, Conn] = {}
         self.held: Counter[str] = Counter()  # live connections by kind
-        self.closed_at_accept = 0  # connections closed as they came, over the cap (a counter, for tests)
-        self.timed_out = 0  # connections closed for sending no complete request in time
 
     def install(self, server: web.Server) -> None:
         """Hook ``server``'s own connection callbacks (it serves admin.sock and the TCP listener alike)."""
@@ -77,7 +75,6 @@ class AdminConnections:
         else:
             why, kind = None, "tcp"
         if kind != "host" and self.held[kind] >= self.cap():
-            self.closed_at_accept += 1
             transport.abort()
             return
         conn = self.conns[handler] = Conn(transport, kind, why)
@@ -109,6 +106,5 @@ class AdminConnections:
     def _expire(self, handler: Any) -> None:
         conn = self.conns.get(handler)
         if conn is not None:
-            self.timed_out += 1
             conn.timer = None
             conn.transport.abort()

@@ -240,7 +240,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self._backlog = None
         if self.instance is not None:  # it stays managed for a grace while it reconnects (server/watch.py)
-            self.hub.recent.saw(self.pid, started=self.peer.started)
+            self.hub.recent.saw(self.pid, self.peer.started)
         if self.cid:
             self.hub.detach(self.cid)
 

@@ -133,12 +133,11 @@ class Hub:
                             f"max_clients are kept for tenants holding fewer than {RESERVE_EACH}; {who.tenant} holds "
                             f"{held}")
         if who.container is not None:
-            n = self.by_container[who.container]
-            if n >= cfg.max_clients_per_instance:
-                return "instance", (f"container {who.tenant} holds {n} connections, and may hold "
+            if held >= cfg.max_clients_per_instance:
+                return "instance", (f"container {who.tenant} holds {held} connections, and may hold "
                                     f"{cfg.max_clients_per_instance} (max_clients_per_instance)")
-        elif who.uid != 0 and self.by_uid[who.uid] >= cfg.max_clients_per_uid:
-            return "uid", (f"uid {who.uid} holds {self.by_uid[who.uid]} connections, and may hold "
+        elif who.uid != 0 and held >= cfg.max_clients_per_uid:
+            return "uid", (f"uid {who.uid} holds {held} connections, and may hold "
                            f"{cfg.max_clients_per_uid} (max_clients_per_uid)")
         return None
 
@@ -208,7 +207,7 @@ class Hub:
         client.instance = instance
         if not getattr(client, "proxy", False):  # a throttle's proxy stands for an offender: it manages nothing
             # managed from now: it holds a registered connection (server/watch.py)
-            self.recent.saw(client.pid, started=client.peer.started)
+            self.recent.saw(client.pid, client.peer.started)
         if client.peer.container is None:  # a host process counts against its instance's cap from now on
             self.by_instance[instance] += 1
         for w in reg.warnings:

@@ -72,13 +72,11 @@ class RecentClients:
     def __init__(self) -> None:
         self.seen: dict[Key, int] = {}  # (pid, start time) -> when it last registered or closed a registered one (ns)
 
-    def saw(self, pid: int, now: int | None = None, started: int | None = None) -> None:
-        """Process ``pid`` (which started at ``started``, boot ticks; default: read now) registered a connection,
-        or closed a registered one, at ``now``. The start time told at accept is the one to give: at a close the
-        pid may already be another process's."""
+    def saw(self, pid: int, started: int | None, now: int | None = None) -> None:
+        """Process ``pid``, which started at ``started`` (boot ticks, as told at accept: at a close the pid may
+        already be another process's), registered a connection, or closed a registered one, at ``now``."""
         if pid > 0:
-            key = (pid, started if started is not None else start_time(pid))
-            self.seen[key] = time.monotonic_ns() if now is None else now
+            self.seen[(pid, started)] = time.monotonic_ns() if now is None else now
 
     def prune(self, now: int) -> None:
         """Forget the processes last seen more than the grace before ``now``."""

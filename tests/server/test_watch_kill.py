@@ -87,8 +87,8 @@ def test_the_record_of_recent_clients_is_pruned_by_time_with_or_without_a_watche
 
     recent = RecentClients()
     for pid in range(1000, 6000):
-        recent.saw(pid, now=0, started=pid)
-    recent.saw(1, now=CLIENT_GRACE_NS, started=7)
+        recent.saw(pid, pid, now=0)
+    recent.saw(1, 7, now=CLIENT_GRACE_NS)
     recent.prune(CLIENT_GRACE_NS)
     assert len(recent.seen) == 5001  # all still within the grace
     recent.prune(CLIENT_GRACE_NS + 1)
