@@ -58,19 +58,7 @@ class GpuScheduler(SettingWrites):
                             "memory_allowance")},
         }
 
-    # ------------------------------------------------------------------ derived
-    @property
-    def index(self) -> int:
-        return self.rq.index
-
-    @property
-    def settings(self) -> GpuSettings:
-        return self.rq.settings
-
-    @property
-    def instances(self) -> dict[str, InstanceState]:
-        return self.rq.instances
-
+    # ------------------------------------------------------------------ derived (index, settings, instances: above)
     @property
     def stats(self) -> GpuStats:
         return self.rq.stats

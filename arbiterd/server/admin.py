@@ -147,9 +147,13 @@ async def get_status(request: web.Request) -> web.Response:
     return web.json_response(request.app[ADMIN].hub.status().to_json())
 
 
+def _metrics(registry: CollectorRegistry) -> web.Response:
+    """The Prometheus text of ``registry``."""
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 async def get_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[ADMIN].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return _metrics(request.app[ADMIN].registry)
 
 
 def make_admin_app(hub: Hub, token: str | None = None) -> web.Application:
@@ -180,8 +184,7 @@ def make_metrics_app(admin_app: web.Application) -> web.Application:
 
     async def get_only_metrics(request: web.Request) -> web.Response:
         try:
-            body = generate_latest(request.app[METRICS].registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+            return _metrics(request.app[METRICS].registry)
         finally:
             if metrics.conns is not None:
                 metrics.conns.answered(request.protocol)
