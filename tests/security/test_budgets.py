@@ -72,17 +72,8 @@ def test_a_daemon_that_cannot_have_its_descriptors_does_not_start(cast: Cast) ->
 
 
 def test_the_admin_tcp_listener_caps_its_connections_and_closes_silent_ones(cast: Cast) -> None:
-    port = _free_port()
-    d = cast.daemon("--sim-gpus", "1x1GiB", "--admin-listen", f"127.0.0.1:{port}", "--max-admin-clients", "8",
-                    "--admin-request-timeout-s", "1")
-    end = time.monotonic() + 10
-    while time.monotonic() < end:  # the TCP listener starts just after admin.sock
-        try:
-            socket.create_connection(("127.0.0.1", port)).close()
-            break
-        except ConnectionRefusedError:
-            time.sleep(0.05)
-    time.sleep(1.2)  # that probe's connection is gone
+    d, port, _ = _admin_tcp_daemon(cast, "--max-admin-clients", "8", "--admin-request-timeout-s", "1")
+    time.sleep(1.2)  # the probe's connection is gone
     conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
     try:
         time.sleep(0.3)
@@ -130,6 +121,8 @@ def test_a_flood_of_requests_costly_to_decode_costs_its_sender_by_their_bytes(ca
 
 
 def _admin_tcp_daemon(cast: Cast, *args: str) -> tuple[object, int, str]:
+    """A daemon with the loopback admin listener, once that accepts (it starts just after admin.sock): the daemon,
+    the port and the bearer token."""
     port = _free_port()
     d = cast.daemon("--sim-gpus", "1x1GiB", "--admin-listen", f"127.0.0.1:{port}", *args)
     end = time.monotonic() + 10
