@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from arbiterd.core.podlabels import PodLabels
-from cgpu_device_plugin import placement
+from cgpu_device_plugin import placement, podlimits
 from cgpu_device_plugin.admin import AdminClient, Refused, Unreachable
 from cgpu_device_plugin.config import Config
 from cgpu_device_plugin.container import ContainerSetup, container_setup
@@ -53,6 +53,7 @@ class Allocator:
         self.pairing = Pairing(cfg.pair_window_s)
         self.on_unreachable: Callable[[], None] = lambda: None  # the monitor re-polls at once
         self._lock = threading.Lock()
+        self._limit_refused: set[tuple[str, int]] = set()  # (allocation, limit) arbiterd refused: not asked again
 
     # ------------------------------------------------------------ helpers
     def _node(self) -> NodeView:
@@ -171,7 +172,7 @@ class Allocator:
                     continue
                 try:
                     self.admin.create_allocation(rec.alloc_id, digest, rec.gpus, rec.memsize, rec.core,
-                                                 labels=rec.labels)
+                                                 limit=rec.limit, labels=rec.labels)
                     log.info("allocation %s (GPU %s): created again in arbiterd, which did not have it",
                              rec.alloc_id, _gpus(rec))
                 except Refused as exc:
@@ -214,3 +215,38 @@ class Allocator:
             log.info("allocation %s (%s on GPU %s) is pod %s's", rec.alloc_id, rec.resource.resource_name,
                      _gpus(rec), labels.text())
         return named
+
+    # ------------------------------------------------------------ limits (the pods' cgpu.io/core-limit annotations)
+    def limit(self, limits: Mapping[tuple[str, str, str], int]) -> int:
+        """Set in arbiterd the ceiling of each named core allocation whose container ``limits`` (namespace, pod,
+        container -> %) gives one other than its record's (none: 0, its core percentage caps it again); how many
+        changed. Raises nothing, and holds the lock as :meth:`label` does: arbiterd away leaves the rest for the
+        next poll; a refusal (a limit below the request, or a card that cannot honour it) is logged once."""
+        with self._lock:
+            todo = [(rec, want) for rec in self.store.records.values()
+                    if rec.resource is Resource.CORE and rec.labels is not None
+                    and (want := limits.get(podlimits.key(rec.labels), 0)) != rec.limit
+                    and (rec.alloc_id, want) not in self._limit_refused]
+        changed = 0
+        for rec, want in todo:
+            what = f"limit {want} %" if want else "no limit"
+            try:
+                if want and want < rec.core:
+                    raise Refused(400, f"{want} % is below its request, {rec.core} %")
+                self.admin.limit_allocation(rec.alloc_id, want)
+            except Unreachable as exc:
+                log.warning("allocation %s (GPU %s): cannot set %s in arbiterd: %s", rec.alloc_id, _gpus(rec), what,
+                            exc)
+                return changed
+            except Refused as exc:
+                self._limit_refused.add((rec.alloc_id, want))
+                log.warning("allocation %s (pod %s, GPU %s): %s from %s is refused: %s; its core percentage "
+                            "stays its cap", rec.alloc_id, rec.labels.text() if rec.labels else "?", _gpus(rec),
+                            what, podlimits.ANNOTATION, exc)
+                continue
+            with self._lock:
+                self.store.set_limit(rec.alloc_id, want)
+            changed += 1
+            log.info("allocation %s (pod %s, GPU %s): %s (%s)", rec.alloc_id,
+                     rec.labels.text() if rec.labels else "?", _gpus(rec), what, podlimits.ANNOTATION)
+        return changed

@@ -8,6 +8,7 @@ these declarations, as arbiterd's are.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,19 @@ def _absolute(v: str) -> str | None:
 
 def _below_root(v: str) -> str | None:
     return _absolute(v) or (None if v.rstrip("/") else "a directory below /")
+
+
+NODE_NAME_ENV = "$NODE_NAME"
+IN_CLUSTER = "in-cluster"
+
+
+def _node_name(v: str) -> str | None:
+    ok = v in ("", NODE_NAME_ENV) or re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", v)
+    return None if ok else "a node name (a DNS subdomain), $NODE_NAME or empty"
+
+
+def _url(v: str) -> str | None:
+    return None if v == IN_CLUSTER or re.fullmatch(r"https?://[^\s]+", v) else "in-cluster or an http(s) URL"
 
 
 def _path(default: str, metavar: str, help: str) -> Any:
@@ -59,6 +73,14 @@ class Config:
     pod_resources_socket: str = _path("/var/lib/kubelet/pod-resources/kubelet.sock", "PATH",
                                       "the kubelet's PodResources API (v1), read to name the pod and container of "
                                       "each allocation in arbiterd")
+    node_name: str = setting(NODE_NAME_ENV, "this node's name, to read its pods' cgpu.io/core-limit annotations (a "
+                             "core percentage's ceiling) from the API server; $NODE_NAME: that variable, which the "
+                             "DaemonSet sets from spec.nodeName; empty (or $NODE_NAME unset): no limits are read",
+                             kind="string", expects="a node name, $NODE_NAME or empty", rule=_node_name,
+                             metavar="NAME")
+    kube_server: str = setting(IN_CLUSTER, "the API server: in-cluster (the pod's service account, else "
+                               "~/.kube/config) or its URL", kind="string", expects="in-cluster or an http(s) URL",
+                               rule=_url, metavar="URL")
     placement: str = setting("binpack", "binpack: the fullest card that fits; spread: the emptiest", kind="choice",
                              choices=PLACEMENTS)
     log_level: str = setting("info", "debug, info, warning or error", kind="choice", choices=LOG_LEVELS)

@@ -58,10 +58,12 @@ def holders(response: pr.ListPodResourcesResponse) -> tuple[dict[str, PodLabels]
 class PodLabeller:
     """Polls ``List`` and passes the holders to ``apply`` (the allocator's :meth:`~Allocator.label`)."""
 
-    def __init__(self, socket: str, interval_s: float, apply: Callable[[Mapping[str, PodLabels]], int]) -> None:
+    def __init__(self, socket: str, interval_s: float, apply: Callable[[Mapping[str, PodLabels]], int],
+                 then: Callable[[], int] | None = None) -> None:
         self.socket = socket
         self.interval_s = interval_s
         self.apply = apply
+        self.then = then  # after each poll that named pods: the pods' limits (podlimits.py)
         self.available: bool | None = None  # None: not asked yet
         self._bad_logged: set[str] = set()
         self._channel: grpc.Channel | None = None  # kept between polls; made again after a failed call
@@ -120,4 +122,7 @@ class PodLabeller:
             if line not in self._bad_logged:
                 self._bad_logged.add(line)
                 log.warning("PodResources: %s; its allocations are not named", line)
-        return self.apply(found)
+        named = self.apply(found)
+        if self.then is not None:
+            self.then()
+        return named

@@ -61,11 +61,12 @@ class Record:
     core: int  # percent (core allocations)
     created: float  # wall-clock seconds
     labels: PodLabels | None = None  # its container's pod, once PodResources named it (podresources.py)
+    limit: int = 0  # its container's ceiling (%) from the pod's annotation (podlimits.py); 0: none
 
     def to_json(self) -> dict[str, Any]:
         return {"resource": self.resource.value, "devices": list(self.devices), "gpus": list(self.gpus),
                 "memsize": list(self.memsize), "core": self.core, "created": self.created,
-                "labels": self.labels.to_json() if self.labels else None}
+                "labels": self.labels.to_json() if self.labels else None, "limit": self.limit}
 
     @classmethod
     def from_json(cls, alloc_id: str, d: dict[str, Any]) -> Record:
@@ -75,7 +76,7 @@ class Record:
             raise ValueError(str(exc)) from None
         return cls(alloc_id, Resource(d["resource"]), tuple(str(x) for x in d["devices"]),
                    tuple(int(x) for x in d["gpus"]), tuple(int(x) for x in d["memsize"]), int(d["core"]),
-                   float(d["created"]), labels)
+                   float(d["created"]), labels, int(d.get("limit", 0)))
 
 
 class AllocationStore:
@@ -140,6 +141,13 @@ class AllocationStore:
         rec = self._records.get(alloc_id)
         if rec is not None and rec.labels != labels:
             self._records[alloc_id] = dataclasses.replace(rec, labels=labels)
+            self._save()
+
+    def set_limit(self, alloc_id: str, limit: int) -> None:
+        """Record the ceiling of ``alloc_id``'s container (nothing if the record is gone meanwhile)."""
+        rec = self._records.get(alloc_id)
+        if rec is not None and rec.limit != limit:
+            self._records[alloc_id] = dataclasses.replace(rec, limit=limit)
             self._save()
 
     def remove(self, alloc_id: str) -> Record | None:

@@ -4,8 +4,8 @@ It serves what the DRA plugin, the scheduler model and ``kubectl-inspect-cgpu`` 
 paths of the real API (``/apis/resource.k8s.io/v1/resourceslices[/NAME]``,
 ``/apis/resource.k8s.io/v1/[namespaces/NS/]resourceclaims[/NAME[/status]]``, and the core
 group's ``/api/v1/[namespaces/NS/]pods[/NAME]``, where the plugin reads the pod a claim is
-reserved for): create (POST,
-409 if the name exists), read, list (``fieldSelector=spec.driver=...`` on slices), replace (PUT,
+reserved for): create (POST, 409 if the name exists), read, list (``fieldSelector=spec.driver=...``
+on slices, ``spec.nodeName=...`` on pods; another field is refused with 400, as the real one does), replace (PUT,
 409 on a stale ``metadata.resourceVersion``), delete. It assigns ``uid``, ``resourceVersion``
 and ``creationTimestamp`` as the real one does.
 
@@ -161,8 +161,14 @@ class FakeApiServer:
         plural, ns = self._where(request)
         items = self.list(plural, ns if "ns" in request.match_info else None)
         selector = request.query.get("fieldSelector", "")
-        if selector.startswith("spec.driver="):
-            items = [o for o in items if o.get("spec", {}).get("driver") == selector.split("=", 1)[1]]
+        # the fields each kind may be selected by: ResourceSlice's spec.driver (pkg/registry/resource/resourceslice/
+        # strategy.go), Pod's spec.nodeName (pkg/registry/core/pod/strategy.go, PodToSelectableFields); others: 400
+        field, _, want = selector.partition("=")
+        if selector and (plural, field) not in (("resourceslices", "spec.driver"), ("pods", "spec.nodeName")):
+            return _status(400, "BadRequest", f'field label not supported: {field}')
+        if selector:
+            key = field.split(".")[1]
+            items = [o for o in items if o.get("spec", {}).get(key) == want]
         return web.json_response({"apiVersion": API_VERSIONS.get(plural, "resource.k8s.io/v1"),
                                   "kind": KINDS[plural] + "List",
                                   "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})

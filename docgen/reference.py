@@ -15,15 +15,16 @@ from arbiterd.core.tree import ALLOC_FILES, GLOBAL_FILES, GPU_FILES, GPU_READONL
 # the files of the tree that are neither settings nor computed values
 CONTROL_FILES = {
     "version": "the daemon's version",
-    "inst_ctl": "provision instance records: create ID [gpu=0,1] [weight=N | core=P] [highprio=0|1] "
+    "inst_ctl": "provision instance records: create ID [gpu=0,1] [weight=N | core=P] [limit=P] [highprio=0|1] "
                 "[memsize=SIZE] [uid=N], or remove ID [gpu=N]; uid=N: an instance for host processes of uid N "
                 "(no container and no other uid may use it); reading lists the provisioned records",
     "alloc_ctl": "Kubernetes allocations, listed while allocations is not off: create ID token=SHA256 gpu=I[,J] "
-                 "[memsize=SIZE[,SIZE]] [core=P | weight=N] [highprio=0|1] [namespace=NS pod=NAME "
+                 "[memsize=SIZE[,SIZE]] [core=P | weight=N] [limit=P] [highprio=0|1] [namespace=NS pod=NAME "
                  "[container=NAME]], label ID namespace=NS pod=NAME [container=NAME] (the pod of the container it "
-                 "is for, as Kubernetes names it), or remove ID (409 when a card's memory or 100 % of its core "
-                 "would be overcommitted); reading lists ID gpu=... memsize=... core=P [namespace=... pod=... "
-                 "container=...] bound=<container|->",
+                 "is for, as Kubernetes names it), limit ID P|none (its ceiling, from the pod's cgpu.io/core-limit "
+                 "annotation), or remove ID (409 when a card's memory or 100 % of its core "
+                 "would be overcommitted); reading lists ID gpu=... memsize=... core=P [limit=P] [namespace=... "
+                 "pod=... container=...] bound=<container|->",
 }
 
 

@@ -3,6 +3,7 @@
     create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] [limit=P] [highprio=0|1]
            [namespace=NS pod=NAME [container=NAME]]
     label ID namespace=NS pod=NAME [container=NAME]
+    limit ID P|none
     remove ID
 
 ``token`` is the SHA-256 (hex) of the token the container will hold; ``memsize``
@@ -17,6 +18,10 @@ A create that would overcommit a card's memory or core, or whose id or token exi
 (:mod:`arbiterd.core.podlabels` checks them); a plugin gives them at create, or later with ``label`` (the
 device plugin learns them from the kubelet after ``Allocate``), and the instance the allocation binds to
 carries them, in ``status``, ``cgpu-smi`` and the metrics, until the allocation is removed.
+``limit`` sets an allocation's ceiling later, or (``none``) takes it back to its core percentage's cap (none at all
+without one): the device plugin learns a container's limit
+from its pod's ``cgpu.io/core-limit`` annotation after ``Allocate``, as it learns its names. It is checked as at
+create, and against the card (its bound container re-provisioned with it, or nothing changes).
 Removing a bound allocation re-provisions its container. Reading the file
 lists the allocations, one a line:
 ``ID gpu=0 memsize=BYTES core=P [namespace=NS pod=NAME container=NAME] bound=<container|->``.
@@ -24,6 +29,7 @@ lists the allocations, one a line:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from arbiterd.core import binding, podlabels
@@ -37,7 +43,7 @@ from arbiterd.core.settings import INSTANCE, parse_size
 
 USAGE = ("alloc_ctl: expected 'create ID token=SHA256 gpu=I[,J] [memsize=SIZE[,SIZE]] [core=P | weight=N] "
          "[limit=P] [highprio=0|1] [namespace=NS pod=NAME [container=NAME]]', 'label ID namespace=NS pod=NAME "
-         "[container=NAME]' or 'remove ID'")
+         "[container=NAME]', 'limit ID P|none' or 'remove ID'")
 _CREATE_KEYS = ("token", "gpu", "memsize", "core", "weight", "highprio", "limit", *podlabels.KEYS)
 
 
@@ -94,6 +100,27 @@ def _parse_create(arb: Arbiter, alloc_id: str, words: list[str]) -> tuple[Alloca
                        limit=limit, labels=labels), {g: arb.gpus[g].total_mem for g in gpus})
 
 
+def _plan_limit(arb: Arbiter, alloc: Allocation, words: list[str]) -> Callable[[int], list[Effect]]:
+    """``limit ID P|none``: the allocation's new ceiling, checked against its core and, where it is bound, against
+    its container's records on the card (a CoreError naming why, and nothing changes)."""
+    if len(words) != 1:
+        raise SettingError("alloc_ctl limit: expected 'limit ID P' (5..100) or 'limit ID none'")
+    # none: no ceiling, but a core percentage caps by itself (on a card a limit moved to policy 4 as well)
+    limit = alloc.core if words[0] == "none" else INSTANCE["limit"].parse(words[0])
+    if limit and limit < alloc.core:
+        raise SettingError(f"alloc_ctl limit: {limit} is below allocation {alloc.id}'s core={alloc.core}: a limit is "
+                           "a ceiling above the request")
+    if alloc.bound is not None:
+        others = [a for a in arb.allocations.bound_to(alloc.bound) if a.id != alloc.id]
+        arb.check_provision(alloc.bound, binding.settings_of([*others, dataclasses.replace(alloc, limit=limit)]))
+
+    def set_limit(now: int) -> list[Effect]:
+        alloc.limit = limit
+        return binding.reprovision(arb, alloc.bound, now) if alloc.bound is not None else []
+
+    return set_limit
+
+
 def run(arb: Arbiter, command: str, now: int) -> list[Effect]:
     """Carry out one ``alloc_ctl`` command."""
     return plan(arb, command)(now)
@@ -103,7 +130,7 @@ def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
     """Check one ``alloc_ctl`` command, changing nothing (a CoreError with a one-line reason if it may not be
     carried out), and return what carries it out."""
     words = command.split()
-    if len(words) < 2 or words[0] not in ("create", "label", "remove"):
+    if len(words) < 2 or words[0] not in ("create", "label", "limit", "remove"):
         raise SettingError(USAGE)
     verb, alloc_id, rest = words[0], valid_alloc_id(words[1]), words[2:]
     book = arb.allocations
@@ -129,6 +156,8 @@ def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
             return []
 
         return label
+    if verb == "limit":
+        return _plan_limit(arb, book.get(alloc_id), rest)
     if rest:
         raise SettingError("alloc_ctl remove: takes only an id")
     book.get(alloc_id)

@@ -72,7 +72,8 @@ def settings_of(allocs: Iterable[Allocation]) -> dict[int, InstanceSettings]:
             core[gpu] += a.core
             weight[gpu] += a.weight
             highprio[gpu] |= int(a.highprio)
-            limit[gpu] += a.limit or a.core or NO_LIMIT  # a core percentage without a limit is its own cap
+            if a.core or a.weight or a.limit:  # memory alone (the device plugin's gpu-mem) asks no time
+                limit[gpu] += a.limit or a.core or NO_LIMIT  # a core percentage without a limit is its own cap
             if a.limit:
                 limited.add(gpu)
     return {gpu: InstanceSettings(weight=weight[gpu] or 1, highprio=highprio[gpu], core_percent=core[gpu],

@@ -143,6 +143,11 @@ class AdminClient:
         """``alloc_ctl label``: the pod of the container ``alloc_id`` is for; raise Refused (404: no such id)."""
         self.request("PUT", ALLOC_CTL, f"label {alloc_id} {labels.words()}")
 
+    def limit_allocation(self, alloc_id: str, limit: int) -> None:
+        """``alloc_ctl limit``: the ceiling (%) of the container ``alloc_id`` is for, 0 for none; raise Refused (404:
+        no such id; 400/409: below its core, or the card cannot honour it)."""
+        self.request("PUT", ALLOC_CTL, f"limit {alloc_id} {limit or 'none'}")
+
     def remove_allocation(self, alloc_id: str) -> bool:
         """``alloc_ctl remove``; False when arbiterd did not know the id (404)."""
         try:

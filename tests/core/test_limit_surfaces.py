@@ -107,3 +107,49 @@ def test_an_allocation_with_cores_and_a_limit_binds_a_request_and_a_ceiling() ->
     doc = snapshot.take(a)
     b = make("required")
     assert snapshot.restore(b, doc, 0) == [] and snapshot.take(b) == doc
+
+
+def test_alloc_ctl_limit_sets_and_clears_a_bound_containers_ceiling_and_refuses_bad_ones() -> None:
+    """The device plugin's path (its pod's cgpu.io/core-limit annotation, read after Allocate): a core allocation
+    bound as a hard cap on policy 3 gets a ceiling above its request, which puts the card on policy 4 with every
+    other instance held to its request; ``none`` gives the cap back; bad values change nothing."""
+    a = make("required")
+    tree.write(a, "alloc_ctl", f"create x token={sha('t')} gpu=0 memsize=1GiB core=30", 0)
+    tree.write(a, "alloc_ctl", f"create y token={sha('u')} gpu=0 memsize=1GiB core=40", 0)
+    binding.bind(a, Claimant("c1" * 6, "c1" * 30, "pod", frozenset({sha("t")})), 0)
+    binding.bind(a, Claimant("c2" * 6, "c2" * 30, "pod2", frozenset({sha("u")})), 0)
+    s = a.scheds[0]
+    a1, a2 = s.instances["c1" * 6], s.instances["c2" * 6]
+    assert (s.settings.policy, a1.weight, a1.limit) == (FIXED_CORE, 6, 100)
+    before = snapshot.take(a)
+    for bad, why in (("20", "20 is below allocation x's core=30"), ("120", r"120 is out of range 5\.\.100"),
+                     ("lots", "limit"), ("60 70", "expected 'limit ID P'")):
+        with pytest.raises(CoreError, match=why):
+            tree.write(a, "alloc_ctl", f"limit x {bad}", 0)
+    with pytest.raises(CoreError, match="nope"):
+        tree.write(a, "alloc_ctl", "limit nope 60", 0)
+    assert snapshot.take(a) == before
+    tree.write(a, "alloc_ctl", "limit x 60", 0)
+    assert "core=30 limit=60 bound=" in tree.read(a, "alloc_ctl", 0)
+    assert (s.settings.policy, a1.weight, a1.limit, a2.weight, a2.limit) == (WEAK, 6, 60, 8, 40)
+    doc = snapshot.take(a)
+    b = make("required")
+    assert snapshot.restore(b, doc, 0) == [] and snapshot.take(b) == doc
+    tree.write(a, "alloc_ctl", "limit x none", 0)
+    assert (s.settings.policy, a1.limit) == (WEAK, 30) and "core=30 limit=30 bound=" in tree.read(a, "alloc_ctl", 0)
+    # unbound: only the allocation changes, and binding brings the ceiling
+    tree.write(a, "alloc_ctl", f"create z token={sha('v')} gpu=0 memsize=1GiB core=20", 0)
+    tree.write(a, "alloc_ctl", "limit z 50", 0)
+    binding.bind(a, Claimant("c3" * 6, "c3" * 30, "pod3", frozenset({sha("v")})), 0)
+    assert s.instances["c3" * 6].limit == 50
+
+
+def test_a_memory_allocation_beside_a_limited_core_allocation_leaves_the_limit_alone() -> None:
+    """The device plugin makes two allocations per container, gpu-mem and gpu-core; memory asks no GPU time, so
+    it must not add "no limit" to the core's ceiling (it did: 60 + 100 read as no limit)."""
+    a = make("required")
+    tree.write(a, "alloc_ctl", f"create m token={sha('t')} gpu=0 memsize=2GiB", 0)
+    tree.write(a, "alloc_ctl", f"create c token={sha('u')} gpu=0 core=30 limit=60", 0)
+    binding.bind(a, Claimant("c1" * 6, "c1" * 30, "pod", frozenset({sha("t"), sha("u")})), 0)
+    inst = a.scheds[0].instances["c1" * 6]
+    assert (inst.weight, inst.limit, a.records[(0, "c1" * 6)].memsize) == (6, 60, 2 * GIB)

@@ -190,3 +190,20 @@ def test_two_highprio_instances_share_by_policy() -> None:
     assert res.pct("H1") == pytest.approx(20, abs=TOL)
     assert res.pct("H2") == pytest.approx(40, abs=TOL)
     assert res.pct("N") == pytest.approx(40, abs=TOL)
+
+
+@pytest.mark.parametrize("policy", [1, 2, 4])
+@pytest.mark.parametrize("prio_ratio", [20, 30, 50, 60, 80])
+@pytest.mark.parametrize("weights", [(1, 1), (1, 2), (2, 1, 3)])
+def test_highprio_takes_prio_ratio_and_the_normals_split_the_rest_by_weight(policy: int, prio_ratio: int,
+                                                                            weights: tuple[int, ...]) -> None:
+    """Whichever normal instance the preemptions fall on: on policy 2 a revoked turn was kept as an idle turn and
+    charged whole while the high-priority instance held the GPU, and two equal normals beside one at prio_ratio
+    60 read 6.7 / 33.3 % instead of 20 / 20."""
+    names = [f"N{i}" for i in range(len(weights))]
+    insts = [SimInstance("H", 1, highprio=True), *(SimInstance(n, w) for n, w in zip(names, weights, strict=True))]
+    res = run(policy, insts, prio_ratio=prio_ratio, max_inst=10)
+    assert res.pct("H") == pytest.approx(prio_ratio, abs=TOL)
+    eff = list(weights)  # a weight over 1 moves policy 1 to 2, as inst_ctl does
+    for n, w in zip(names, eff, strict=True):
+        assert res.pct(n) == pytest.approx((100 - prio_ratio) * w / sum(eff), abs=TOL), n

@@ -81,7 +81,9 @@ def test_the_overlays_share_the_base_and_differ_only_by_their_plugin() -> None:
     dp, dra = rendered("device-plugin"), rendered("dra")
     kinds = {o: sorted((x["kind"], x["metadata"]["name"].rsplit("-", 1)[0] if x["kind"] == "ConfigMap"
                         else x["metadata"]["name"]) for x in objs) for o, objs in (("dp", dp), ("dra", dra))}
-    assert kinds["dp"] == [("ConfigMap", "cgpu-config"), ("DaemonSet", "cgpu"), ("PodMonitor", "cgpu")]
+    assert kinds["dp"] == sorted([("ConfigMap", "cgpu-config"), ("DaemonSet", "cgpu"), ("PodMonitor", "cgpu"),
+                                  ("ServiceAccount", "cgpu-device-plugin"), ("ClusterRole", "cgpu-device-plugin"),
+                                  ("ClusterRoleBinding", "cgpu-device-plugin")])
     assert kinds["dra"] == sorted([("ConfigMap", "cgpu-config"), ("DaemonSet", "cgpu-dra"), ("PodMonitor", "cgpu"),
                                    ("ServiceAccount", "cgpu-dra"), ("ClusterRole", "cgpu-dra"),
                                    ("ClusterRoleBinding", "cgpu-dra"), ("DeviceClass", "gpu.cgpu.io"),
@@ -128,3 +130,19 @@ def test_the_podmonitor_scrapes_arbiterds_metrics_port_and_keeps_the_tenants_pod
     assert {"action": "labeldrop", "regex": "namespace|pod|container"} in relabel
     assert {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in relabel
     assert {"action": "replace", "targetLabel": "job", "replacement": "cgpu"} in relabel
+
+
+def test_the_device_plugin_may_only_list_pods_and_only_its_container_holds_the_token() -> None:
+    """The device plugin reads its node's pods for their cgpu.io/core-limit annotations: its ClusterRole lists pods
+    and nothing more; the pod mounts no token by default, and the projected one is in the plugin's container
+    alone, with NODE_NAME from spec.nodeName (the field selector it lists by)."""
+    dp = rendered("device-plugin")
+    (role,) = [o for o in dp if o["kind"] == "ClusterRole"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    (ds,) = [o for o in dp if o["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "cgpu-device-plugin"
+    mounts = {c["name"]: [m["name"] for m in c.get("volumeMounts", [])] for c in spec["containers"]}
+    assert "kube-api-access" in mounts["device-plugin"] and "kube-api-access" not in mounts["arbiterd"]
+    (plugin,) = [c for c in spec["containers"] if c["name"] == "device-plugin"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in plugin["env"]
