@@ -25,8 +25,10 @@ the pods are in namespace ``bench``).
 
 ``--dra`` replays the same arrivals through the DRA plugin as well (:mod:`bench.k8s_dra`) and
 prints both side by side, ending with ``dra_pods=<n> dra_split=<n> dra_refused_with_room=<n>
-dra_overcommits=<n> plugin_split=<n> prepare_p99_ms=<x> pods_labelled=<n>/<n>`` (plugin: the binpack run, the
-plugin's default; pods_labelled: over every run); it writes the section ``k8s-dra`` of bench/RESULTS.md.
+dra_overcommits=<n> plugin_split=<n> prepare_p99_ms=<x> pods_labelled=<n>/<n> dra_limits=<n>/<n>`` (plugin: the
+binpack run, the plugin's default; pods_labelled: over every run; dra_limits: of the running pods whose claim asked a
+limit beside its cores' request, those whose instance holds it in arbiterd); it writes the section ``k8s-dra`` of
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -291,10 +293,12 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
             "not running, room on the node in total but on no single card; p50/p99: kubelet-side Allocate "
             "(plugin) or NodePrepareResources (DRA) latency against the real arbiterd; labelled: of the pods running "
             "at the end whose container registered, those whose every series carries its namespace, pod and "
-            "container")
+            "container. Requests and limits: every other DRA claim asking cores carries a ShareConfig limit of "
+            f"twice its request (at most 100): {len(dra.limited)} claims; of those running at the end whose "
+            f"container registered, {dra.limits_in_force} of {dra.limits_running} hold that limit in arbiterd")
     summary = (f"dra_pods={dra.pods} dra_split={dra.split} dra_refused_with_room={dra.refused_with_room} "
                f"dra_overcommits={dra.overcommits} plugin_split={runs[0].split} prepare_p99_ms={dra.p99:.2f} "
-               f"{labelled_field([*runs, dra])}")
+               f"{labelled_field([*runs, dra])} dra_limits={dra.limits_in_force}/{dra.limits_running}")
     if args.json:
         print(json.dumps({"arbiter": "arbiterd", "seed": args.seed, "gpus": f"{GPUS}x{GIB_PER_GPU}GiB",
                           "plugin": [{"placement": r.placement, "pods": r.pods, "admitted": r.admitted,
@@ -303,13 +307,15 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
                                       "labelled": r.labelled, "running_at_end": r.running_at_end,
                                       "allocate_p99_ms": round(percentile(r.allocate_ms, 0.99), 3)} for r in runs],
                           "dra": {**{k: v for k, v in asdict(dra).items()
-                                     if k not in ("prepare_ms", "label_problems", "register_refused")},
+                                     if k not in ("prepare_ms", "label_problems", "register_refused", "limited")},
                                   "prepare_p50_ms": round(dra.p50, 3), "prepare_p99_ms": round(dra.p99, 3)}},
                          indent=2))
     print(header)
     print("\n".join(rows))
     print(note)
     print_label_problems([*runs, dra])
+    for line in dra.limit_problems:
+        print(f"limit not in force: {line}", file=sys.stderr)
     if not args.no_results:
         from bench import results
 
@@ -324,7 +330,7 @@ def report_dra(args: argparse.Namespace, argv: list[str] | None, runs: list[Run]
         results.update("k8s-dra", cmd.strip(), body)
     print(summary)
     ok = dra.overcommits == 0 and all(r.overcommits == 0 for r in runs) and all_labelled([*runs, dra])
-    return 0 if ok else 1
+    return 0 if ok and dra.limits_in_force == dra.limits_running else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ model of kube-scheduler's allocator (cgpu_testing/drasched.py: first device that
 capacity rounded by the request policy, never past a capacity). Each pod is one ResourceClaim
 asking one device with ``capacity.requests`` ``memory`` (GiB) and ``cores`` (percent); a pod
 that names no memory consumes the device's default, 1 GiB. Allocated, it is prepared through
-``NodePrepareResources`` (timed, kubelet side); leaving, unprepared and deleted.
+``NodePrepareResources`` (timed, kubelet side); leaving, unprepared and deleted. Every other claim
+that asks cores carries a ShareConfig ``limit`` of twice its request (at most 100): a request and a
+limit (behaviour §3); at the end, each such pod still running registers its container, and its
+instance in arbiterd must hold that limit.
 
 What is counted for each pod, as for the device plugin's runs (:mod:`bench.k8s`):
 ``split``: its memory and cores on different cards (arbiterd's allocations of the claim);
@@ -58,6 +61,10 @@ class DraRun:
     labelled: int = 0  # pods registered at the end whose series carry their pod, namespace and container
     running_at_end: int = 0  # of the pods running at the end, those whose container arbiterd registered
     label_problems: list[str] = field(default_factory=list)
+    limited: dict[str, int] = field(default_factory=dict)  # pod -> the limit its claim's ShareConfig asked
+    limits_running: int = 0  # limited pods running at the end whose container registered
+    limits_in_force: int = 0  # of those, the ones whose instance holds that limit in arbiterd
+    limit_problems: list[str] = field(default_factory=list)
     register_refused: list[str] = field(default_factory=list)  # pods whose container arbiterd refused
 
     @property
@@ -115,9 +122,31 @@ def replay_dra(arrivals: list[Any], root: Path, gpus: int, gib_per_gpu: int) -> 
             got = k8s_labels.check(admin, running)
             run.labelled, run.running_at_end = got.labelled, got.registered
             run.label_problems, run.register_refused = got.problems, got.refused
+            _check_limits(admin, run, {e.pod for e in running} - {r.split(":", 1)[0].split("/")[1]
+                                                                 for r in got.refused})
         finally:
             node.close()
     return run
+
+
+def limit_for(a: Any) -> int:
+    """The ceiling every other claim with cores asks beside its request (its ShareConfig ``limit``): twice the
+    request, at most 100; 0 for the rest, which keep their core percentage as a hard cap."""
+    return min(100, 2 * a.core) if a.core and a.step % 2 == 0 else 0
+
+
+def _check_limits(admin: AdminClient, run: DraRun, registered: set[str]) -> None:
+    """Count the limited pods whose container registered, and those whose instance holds the claim's limit."""
+    held = {i["labels"]["pod"]: i.get("limit") for g in admin.status()["gpus"] for i in g["instances"]
+            if i.get("labels")}
+    for pod, want in sorted(run.limited.items()):
+        if pod not in registered:
+            continue
+        run.limits_running += 1
+        if held.get(pod) == want:
+            run.limits_in_force += 1
+        else:
+            run.limit_problems.append(f"{pod}: limit {held.get(pod)} in arbiterd, {want} asked")
 
 
 def _arrive(node: DraNode, admin: AdminClient, a: Any, live: dict[str, tuple[Any, dict[str, Any]]],
@@ -127,7 +156,10 @@ def _arrive(node: DraNode, admin: AdminClient, a: Any, live: dict[str, tuple[Any
     free = _free(node)
     one_card = any(m >= mem and c >= a.core for m, c in free)
     in_total = sum(max(m, 0) for m, _ in free) >= mem and sum(max(c, 0) for _, c in free) >= a.core
-    want = claim(a.name.replace("_", "-"), memory=f"{a.mem}Gi" if a.mem else None, cores=a.core or None)
+    limit = limit_for(a)
+    config = {"apiVersion": "gpu.cgpu.io/v1alpha1", "kind": "ShareConfig", "limit": limit} if limit else None
+    want = claim(a.name.replace("_", "-"), memory=f"{a.mem}Gi" if a.mem else None, cores=a.core or None,
+                 config=config)
     try:
         c = node.schedule(want)
         node.prepare(c)
@@ -147,6 +179,8 @@ def _arrive(node: DraNode, admin: AdminClient, a: Any, live: dict[str, tuple[Any
         return
     run.admitted += 1
     live[a.name] = (a, c)
+    if limit:
+        run.limited[c["status"]["reservedFor"][0]["name"]] = limit
     uid = c["metadata"]["uid"]
     assert node.plugin is not None
     gpus = {d.gpu for r in node.plugin.preparer.prepared() if r.uid == uid for d in r.devices}

@@ -27,3 +27,6 @@ def test_dra_places_every_pod_on_one_card_with_room_and_never_overcommits() -> N
     assert len(dra.prepare_ms) >= dra.admitted
     assert dra.running_at_end >= 5 and dra.labelled == dra.running_at_end, dra.label_problems
     assert plugin.running_at_end >= 5 and plugin.labelled == plugin.running_at_end, plugin.label_problems
+    # requests and limits: every other claim asking cores carried a ShareConfig limit, in force in arbiterd
+    assert len(dra.limited) >= 5 and dra.limits_running >= 2, dra.limited
+    assert dra.limits_in_force == dra.limits_running, dra.limit_problems
