@@ -99,6 +99,11 @@ MIXES = [
                  id="p2-hp-limited"),
     pytest.param(2, [req("H", 10, highprio=True), req("B", 30, 30)], 60, {"H": 60, "B": 30},
                  id="p2-hp-normal-capped-rest-idle"),
+    # a revoked turn is not an idle turn on policy 2 (it was, and the preempted normal lost: 40 / 30 here)
+    pytest.param(2, [req("H", 10, highprio=True), req("B", 30), req("C", 30)], 30, {"H": 30, "B": 35, "C": 35},
+                 id="p2-hp-beside-two-equal-normals"),
+    pytest.param(2, [req("H", 10, highprio=True), req("B", 30, 45), req("C", 30)], 60, {"H": 60, "B": 20, "C": 20},
+                 id="p2-hp-two-normals-one-limit-not-binding"),
 ]
 
 
