@@ -34,7 +34,8 @@ def by_kind(kind: str) -> dict[str, Any]:
 
 
 def test_there_are_manifests() -> None:
-    assert {d["kind"] for d in documents()} == {"DaemonSet", "ConfigMap", "PodMonitor"}
+    assert {d["kind"] for d in documents()} == {"DaemonSet", "ConfigMap", "PodMonitor", "ServiceAccount", "ClusterRole",
+                                                "ClusterRoleBinding"}
 
 
 def test_every_manifest_validates_against_the_kubernetes_schema() -> None:
@@ -80,7 +81,12 @@ def test_the_plugin_sees_every_host_path_at_the_same_path() -> None:
 def test_privileges_are_only_where_needed() -> None:
     spec = by_kind("DaemonSet")["spec"]["template"]["spec"]
     assert spec["hostPID"] is True and spec["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in spec
+    # the plugin's account lists pods (their cgpu.io/core-limit annotations), and its token is in its container only
+    assert spec["serviceAccountName"] == "cgpu-device-plugin"
+    assert by_kind("ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    tokens = {c["name"] for c in spec["containers"] + spec["initContainers"]
+              for m in c.get("volumeMounts", []) if m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"}
+    assert tokens == {"device-plugin"}
     caps = {c["name"]: c["securityContext"]["capabilities"] for c in spec["containers"] + spec["initContainers"]}
     assert caps["arbiterd"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "SYS_NICE"]}
     assert caps["device-plugin"] == {"drop": ["ALL"]} and caps["install-libcgpu"] == {"drop": ["ALL"]}
