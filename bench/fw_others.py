@@ -1,9 +1,9 @@
 """bench.fw_worker's other workloads, each a loader (imports, no CUDA) that returns its builder (on the GPU):
 
 - ``jax``: a jitted chain of eight 4096x4096 float32 matrix products with tanh, in GFLOP. JAX runs on the CUDA
-  platform (``JAX_PLATFORMS=cuda``: no silent fall-back to the CPU) and preallocates as it does by default (75 %
-  of the total it is shown, ``XLA_PYTHON_CLIENT_PREALLOCATE`` unset); it reports the pool it took
-  (``memory_stats()["bytes_limit"]``);
+  platform (``JAX_PLATFORMS=cuda``: no silent fall-back to the CPU) and preallocates, its default
+  (``XLA_PYTHON_CLIENT_PREALLOCATE=true``, bench.gpu sets it: 75 % of the total it is shown unless
+  ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise); it reports the pool it took (``memory_stats()["bytes_limit"]``);
 - ``cupy``: a CuPy ``RawKernel`` (compiled by NVRTC) launched 20 times a step over 4 Mi floats, in kernels;
 - ``sleep``: no GPU at all, a 2 ms sleep a step: the protocol's own test.
 """
@@ -60,7 +60,7 @@ def jax_loop(args: argparse.Namespace) -> Callable[[], Built]:
 
         stats = dev.memory_stats() or {}
         memory = {"bytes_limit": stats.get("bytes_limit"),
-                  "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "default (true)"),
+                  "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true (default)"),
                   "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "default (0.75)")}
         return Built({"matmul": Variant(step, "GFLOP", MATMULS * 2 * N**3 / 1e9)}, memory)
 

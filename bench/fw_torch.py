@@ -35,8 +35,6 @@ def _memory() -> dict[str, int]:
 
 
 def resnet(args: argparse.Namespace) -> Callable[[], Built]:
-    import torchvision
-
     names = args.variants.split(",") if args.variants else ["inf16", "inf64", "inf128", "train64"]
     shapes = []
     for name in names:
@@ -44,6 +42,7 @@ def resnet(args: argparse.Namespace) -> Callable[[], Built]:
         if m is None:
             raise SystemExit(f"fw_worker resnet: variant {name!r} is not inf<batch> or train<batch>")
         shapes.append((name, m.group(1) == "train", int(m.group(2))))
+    import torchvision
 
     def build() -> Built:
         dev = torch.device("cuda")

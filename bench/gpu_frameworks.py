@@ -25,6 +25,7 @@ within 10 % of 2.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -60,6 +61,7 @@ class Spec:
     stand_in: tuple[float, int, bool] | None = None  # (kernel ms, kernels a batch, as a graph): the CUDA job program
     memsize_frac: float = 0.0  # cgpu: each instance's memsize, a fraction of the GPU's memory (0: none)
     env: dict[str, str] = field(default_factory=dict)  # every sitting
+    unset: tuple[str, ...] = ()  # taken out of every sitting's environment (the host's own settings)
     plain_env: dict[str, str] = field(default_factory=dict)  # time-slicing and MPS (no limit shown to them)
 
 
@@ -71,7 +73,9 @@ SPECS = {
     "compile": Spec("the same transformer's forward under torch.compile (mode default: Inductor's Triton kernels)",
                     "compile", ("default",), "torch", start_s=240.0),
     "jax": Spec("a jitted chain of 4096x4096 float32 matrix products (JAX on CUDA, default preallocation)", "jax",
-                ("matmul",), "jax", memsize_frac=0.25, env={"JAX_PLATFORMS": "cuda"},
+                ("matmul",), "jax", memsize_frac=0.25,
+                env={"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
+                unset=("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"),
                 plain_env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.35"}),
     "cupy": Spec("a CuPy RawKernel launched 20 times a step", "cupy", ("kernels",), "cupy", start_s=45.0),
 }
@@ -83,6 +87,7 @@ def estimate_s(spec: Spec, c: bool) -> float:
     return (5.0 if c else spec.start_s / 2) + len(spec.variants) * per_variant
 
 
+@functools.cache
 def importable(module: str) -> str:
     """'' where ``module`` imports in a child, else why not (its last line)."""
     r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
@@ -121,7 +126,7 @@ class FrameworkPart:
             why = "the fake driver runs no framework"
         elif self.spec.needs in ("torch", "torchvision") and not torch_cuda():
             why = "no PyTorch with CUDA here"
-        elif why_not := importable(self.spec.needs):
+        elif self.spec.needs != "torch" and (why_not := importable(self.spec.needs)):
             why = f"{self.spec.needs} does not import here ({why_not})"
         if not why:
             return
@@ -134,7 +139,7 @@ class FrameworkPart:
     def base_env(self) -> dict[str, str]:
         env = {**os.environ, **self.proof.env, **self.spec.env}
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        for k in ("LD_PRELOAD", "CGPU_NATIVE", "CGPU_INSTANCE"):
+        for k in ("LD_PRELOAD", "CGPU_NATIVE", "CGPU_INSTANCE", *self.spec.unset):
             env.pop(k, None)
         return env
 
@@ -320,6 +325,9 @@ class FrameworkPart:
             if self.memsize and s.mode == "cgpu" and not self.c:  # the pool it took, of the limit it was shown
                 took = [(i.get("memory") or {}).get("bytes_limit") for i in s.info.values()]
                 row["prealloc_pct_of_limit"] = [round(100 * t / self.memsize, 1) if t else None for t in took]
+                self.notes.append(f"{LABEL[s.mode]}: each instance's memsize {self.memsize / 2**30:.1f} GiB; the pool "
+                                  f"JAX preallocated (bytes_limit), % of it: A {row['prealloc_pct_of_limit'][0]}, "
+                                  f"B {row['prealloc_pct_of_limit'][-1]}")
             rows.append(row)
         return rows
 

@@ -64,7 +64,7 @@ def run(proof: Any, figures: dict[str, Any]) -> None:
     try:
         for w in workers:
             w.init()
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + min(180.0, max(30.0, proof.left_s() - 60))
         step = max(w.ready(deadline)["variants"]["allreduce"]["step_s"] for w in ranks.values())
         for w in tenants.values():
             w.ready(deadline)

@@ -12,9 +12,11 @@ nvidia-cuda-mps-control`` stops the daemon and its server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -113,7 +115,12 @@ class Mps:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
             pid = 0
-        self.control("quit", timeout=timeout)
+        try:
+            self.control("quit", timeout=timeout)
+        except subprocess.TimeoutExpired:  # it did not answer: the daemon is ended by its pid instead
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while pid and time.monotonic() < deadline:
             try:
