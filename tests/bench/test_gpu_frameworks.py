@@ -186,3 +186,94 @@ def test_a_workload_gets_one_table_with_a_row_per_way_of_sharing_and_its_notes()
     assert "| inf64 | cgpu 1:2 | 100.0 | 104.0 | 34.0 | 66.0 | **1.941** | 2.000 | 98.0 % | yes | yes |" in md
     assert "| inf64 | MPS 33/67 | 100.0 | 104.0 | 40.0 | 70.0 | **1.750** | - | 107.8 % | no |  |" in md
     assert md[-1] == "- MPS: skipped: x"
+
+
+# a stand-in for the CUDA job program: one spin line per window, 100 kernel-ms over its span (exit 1 with FAIL_JOB)
+FAKE_JOB = """#!/bin/sh
+[ -n "$FAIL_JOB" ] && { echo "cuda_job: cuInit failed: 100" >&2; exit 4; }
+for a in "$@"; do
+  case "$a" in spin=*) IFS=, read ms b s e <<EOF2
+${a#spin=}
+EOF2
+    echo "spin kernels=50 batches=10 kernel_ns=100000000 first=$s last=$e";;
+  esac
+done
+"""
+
+
+class StubProof:
+    """What a framework part asks of bench.gpu's Proof, without a daemon: a budget, and a record of its asks."""
+
+    fake = True
+    default_policy = 1
+
+    def __init__(self, tmp: Path, left: float, reserve: float) -> None:
+        self.tmp, self.env, self.left, self.reserve = tmp, {}, left, reserve
+        self.job = tmp / "cuda_job"
+        self.job.write_text(FAKE_JOB)
+        self.job.chmod(0o755)
+        self.info = {"gpus": [{"total_mem": 16 << 30}]}
+        self.asked: list[tuple[str, str]] = []
+
+    def left_s(self) -> float:
+        return self.left
+
+    def reserve_after(self, name: str) -> float:
+        return self.reserve
+
+    def provision(self, name: str, gpu: str = "0", **settings: object) -> None:
+        self.asked.append(("provision", f"{name} {settings}"))
+
+    def status(self) -> dict[str, object]:
+        return {"gpus": [{"policy": 2, "instances": []}]}
+
+    def ctl_put(self, path: str, value: str) -> None:
+        self.asked.append((path, value))
+
+
+def _stand_in_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, left: float, reserve: float,
+                   ) -> tuple[StubProof, FrameworkPart, dict[str, object]]:
+    monkeypatch.setattr(gpu_mps, "control_binary", lambda: None)
+    monkeypatch.setattr(FrameworkPart, "prefix", lambda self, mode, who, names: [])  # no cgpu-run: no daemon here
+    proof = StubProof(tmp_path, left, reserve)
+    figures: dict[str, object] = {}
+    spec = Spec("stand-in", "graph", ("decode",), "torch", stand_in=(1.0, 4, True))
+    return proof, FrameworkPart(proof, "cuda_graph", spec, figures), figures
+
+
+def test_a_comparison_that_the_budget_leaves_no_room_for_is_one_line_and_the_cgpu_sitting_still_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 100 s left, 90 of them for the framework parts after this one: the cgpu sitting (about 17 s) runs, the
+    # time-slicing sitting does not fit the 10 s left for it
+    proof, part, figures = _stand_in_part(tmp_path, monkeypatch, left=100.0, reserve=90.0)
+    part.run()
+    assert [r["mode"] for r in part.rows] == ["cgpu"]
+    # each window's 100 kernel-ms over its span: 1 s alone (100 a second), 2.5 s in the pair (40 a second each)
+    row = part.rows[0]
+    assert (row["alone_a"], row["alone_b"], row["a"], row["b"]) == pytest.approx((100.0, 100.0, 40.0, 40.0))
+    assert row["ratio"] == pytest.approx(1.0) and row["aggregate_pct"] == pytest.approx(80.0) and row["ok"] is False
+    assert figures["notes"] == [
+        "the fake driver runs no framework: the CUDA job program stands in (4 kernels of 1.0 ms a batch, as one "
+        "cuGraphLaunch)",
+        "MPS: skipped: nvidia-cuda-mps-control is not on this host",
+        "time-slicing: skipped: 10 s of the budget left for it, it may need 17 s",
+    ]
+    # the instances at 1:2, the alone windows on the default policy and the pair on the one provisioning chose
+    assert [a for a in proof.asked if a[0] == "0/policy"] == [("0/policy", "1"), ("0/policy", "2")]
+    assert [a[1].split()[0] for a in proof.asked if a[0] == "provision"] == ["fw-cuda_graph-a", "fw-cuda_graph-b"]
+
+
+def test_a_cgpu_sitting_without_the_budget_skips_its_part_and_a_broken_sitting_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.gpu_part import Skip
+
+    _, part, _ = _stand_in_part(tmp_path, monkeypatch, left=5.0, reserve=0.0)
+    with pytest.raises(Skip, match=r"^5 s of the budget left for it, it may need 17 s$"):
+        part.run()
+    monkeypatch.setenv("FAIL_JOB", "1")
+    (tmp_path / "b").mkdir()
+    _, part, figures = _stand_in_part(tmp_path / "b", monkeypatch, left=1000.0, reserve=0.0)
+    part.run()
+    assert part.rows == [] and figures["failed_sittings"] == ["cgpu", "timeslice"]
+    assert "cgpu 1:2: failed: WorkerError: cuda_graph-cgpu-A: cuda_job exited with 4: cuda_job: cuInit failed: 100" \
+        in figures["notes"]
