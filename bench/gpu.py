@@ -85,7 +85,7 @@ from bench.gpu_host import (
 )
 from bench.gpu_limit import run as run_limit
 from bench.gpu_part import Part, Skip
-from bench.gpu_report import record, render, summary_frameworks
+from bench.gpu_report import frameworks_table, record, render, summary_frameworks
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.tools import tool
 
@@ -249,8 +249,11 @@ class Proof:
                     self.unprovision()
                     self.restore_policy()
             p.seconds = time.monotonic() - t0
+        shown = {k: v for k, v in p.figures.items() if k not in ("rows", "notes")} if "rows" in p.figures else p.figures
         print(f"[{p.status:7s}] {name} ({p.seconds:.1f} s)" + (f": {p.why}" if p.why else "")
-              + (f" {json.dumps(p.figures)}" if p.figures else ""), flush=True)
+              + (f" {json.dumps(shown, default=str)}" if shown else ""), flush=True)
+        for line in frameworks_table(name, p.figures)[1:]:  # a framework part's table, and the limit part's
+            print(line, flush=True)
 
     # --------------------------------------------------------------------- parts
     def discovery(self, p: Part) -> None:
@@ -331,6 +334,11 @@ class Proof:
                  "aggregate_pct": _round(r["aggregate_pct"], 1), "slice_ms": r.get("slice_ms"),
                  "handover_ms": _round(r.get("handover_ms"), 3)}
                 for r in p.figures["rows"] if r["mode"] == "cgpu" and r["ratio"] is not None]
+            cost = next((r.get("shim_cost_pct") for r in p.figures["rows"] if r["mode"] == "cgpu"
+                         and r["variant"] == "inf64" and r.get("shim_cost_pct") is not None), None)
+            if cost is not None:  # until the handover part measures it over longer windows
+                self.info["shim_overhead_pct"] = cost
+                self.info["shim_overhead_from"] = "resnet50 inf64: alone through the shim against alone without it"
         if "cgpu" in failed:
             raise RuntimeError(next(n for n in p.figures["notes"] if n.startswith("cgpu")))
 
@@ -371,6 +379,7 @@ class Proof:
         p.figures.update({"resnet50_img_s_without_shim": without, "resnet50_img_s_with_shim": with_shim,
                           "shim_overhead_pct": round(pct, 2)})
         self.info["shim_overhead_pct"] = pct
+        self.info["shim_overhead_from"] = "handover: exclusive ResNet-50, batch 64, 10 s with and without the shim"
 
     def torch_rate(self, shim: bool) -> float:
         """Exclusive ResNet-50 inference, images/s (torchvision's model, batch 64, 224x224)."""
