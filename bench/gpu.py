@@ -192,16 +192,18 @@ class Proof:
         self.provisioned.clear()
 
     def restore_policy(self) -> None:
-        """GPU 0 back on the daemon's default policy: a part that moved it (bench.resnet50 puts it on 2, where
+        """GPU 0 back on the daemon's default policy: a part that moved it (provisioning 1:2 puts it on 2, where
         every registered instance takes its turn, idle or not) must not shape the parts after it."""
         if self.status()["gpus"][0]["policy"] != self.default_policy:
             self.ctl("echo", str(self.default_policy), "0/policy")
 
     def log(self, name: str, text: str) -> Path:
-        """``text`` (a failed child's whole stderr) kept beside gpu.json as NAME.log."""
+        """``text`` (a failed child's whole stderr) kept beside gpu.json, in workers.log under a header naming it:
+        one file for all, since a GPU host's run sends back only a few files."""
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / f"{name}.log"
-        path.write_text(text)
+        path = self.out / "workers.log"
+        with path.open("a") as f:
+            f.write(f"===== {name}\n{text.rstrip()}\n")
         return path
 
     def job_env(self, instance: str) -> dict[str, str]:

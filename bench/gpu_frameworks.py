@@ -38,7 +38,7 @@ from bench.gpu_host import torch_cuda
 from bench.gpu_mps import Mps, MpsUnavailable
 from bench.gpu_part import Skip
 from bench.gpu_timeline import Bills, Events, Window, length_s, plan_of, timeline
-from bench.gpu_workers import CWorker, Done, PyWorker
+from bench.gpu_workers import CWorker, Done, PyWorker, keep_stderr
 from cgpu_testing.tools import ROOT, tool
 
 MODES = ("cgpu", "timeslice", "mps")
@@ -214,8 +214,10 @@ class FrameworkPart:
             self.measure(s, mps)
         except MpsUnavailable as exc:
             self.notes.append(f"{label}: skipped: {exc}")
-        except Exception as exc:  # the sitting's one line; the next sitting runs
-            self.notes.append(f"{label}: failed: {exc.__class__.__name__}: {exc}"[:400])
+        except Exception as exc:  # the sitting's one line (its tenants' stderr kept); the next sitting runs
+            kept = keep_stderr(self.proof, list(s.workers.values()))
+            self.notes.append(f"{label}: failed: {exc.__class__.__name__}: {exc}"[:400]
+                              + (f" (stderr: {kept})" if kept else ""))
             self.figures.setdefault("failed_sittings", []).append(s.mode)
         finally:
             s.kill()

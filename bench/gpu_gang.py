@@ -21,7 +21,7 @@ from typing import Any
 from bench.gpu_host import torch_cuda
 from bench.gpu_part import Skip
 from bench.gpu_timeline import Bills, Events, S, Window
-from bench.gpu_workers import PyWorker
+from bench.gpu_workers import PyWorker, keep_stderr
 from cgpu_testing.tools import ROOT, tool
 
 JOB = "proof-gang"
@@ -84,6 +84,9 @@ def run(proof: Any, figures: dict[str, Any]) -> None:
         events.run()
         deadline = time.monotonic() + 120
         done = [w.done(deadline) for w in workers]
+    except Exception:
+        keep_stderr(proof, workers)  # into workers.log beside gpu.json; the part fails with it
+        raise
     finally:
         for w in workers:
             w.kill()

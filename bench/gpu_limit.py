@@ -18,7 +18,7 @@ from typing import Any
 from bench.gpu_frameworks import importable
 from bench.gpu_host import torch_cuda
 from bench.gpu_timeline import Bills, Events, length_s, plan_of, timeline
-from bench.gpu_workers import CWorker, PyWorker
+from bench.gpu_workers import CWorker, PyWorker, keep_stderr
 from cgpu_testing.tools import ROOT, tool
 
 LIMIT = 30
@@ -62,6 +62,9 @@ def run(proof: Any, figures: dict[str, Any]) -> None:
         events.run()
         deadline = time.monotonic() + 60
         done = {who: w.done(deadline) for who, w in workers.items()}
+    except Exception:
+        keep_stderr(proof, list(workers.values()))  # into workers.log beside gpu.json; the part fails with it
+        raise
     finally:
         for w in workers.values():
             w.kill()

@@ -77,6 +77,12 @@ class PyWorker:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
+    def stderr(self) -> str:
+        try:
+            return self.err_path.read_text()
+        except OSError as exc:
+            return f"(its stderr cannot be read: {exc.strerror})"
+
     def stderr_tail(self) -> str:
         try:
             lines = [x for x in self.err_path.read_text().splitlines() if x.strip()]
@@ -132,6 +138,12 @@ class PyWorker:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+def keep_stderr(proof: Any, workers: list[Any]) -> str:
+    """The Python tenants' stderr kept in the proof's workers.log (bench.gpu's ``Proof.log``); its name, or ''."""
+    kept = [proof.log(w.name, w.stderr()) for w in workers if isinstance(w, PyWorker)]
+    return kept[-1].name if kept else ""
 
 
 class CWorker:

@@ -17,7 +17,7 @@ from bench import gpu_mps
 from bench.gpu_frameworks import OK_BAND, FrameworkPart, Spec
 from bench.gpu_report import frameworks_table, summary_frameworks
 from bench.gpu_timeline import S, plan_of, timeline
-from bench.gpu_workers import Done, PyWorker, WorkerError
+from bench.gpu_workers import Done, PyWorker, WorkerError, keep_stderr
 from cgpu_testing.tools import ROOT
 
 MS = 1_000_000
@@ -77,13 +77,23 @@ def test_a_worker_imports_waits_for_init_reports_ready_and_steps_only_inside_its
     assert rate is not None and 50 < rate <= 500  # 2 ms sleeps: at most 500 a second, fewer on a loaded machine
 
 
-def test_a_worker_that_cannot_start_is_one_line_with_its_reason(tmp_path: Path) -> None:
+def test_a_worker_that_cannot_start_is_one_line_with_its_reason_and_its_stderr_is_kept(tmp_path: Path) -> None:
+    from bench.gpu import Proof
+
     w = PyWorker("t-bad", [], "warp", [], _env(), tmp_path, ROOT)
     try:
         with pytest.raises(WorkerError, match=r"t-bad exited with 2 before 'loaded': fw_worker: no workload warp"):
             w.wait_for("loaded", time.monotonic() + 60)
     finally:
         w.kill()
+    proof = Proof(tmp_path / "out", fake=True, budget_s=10)  # where a GPU run's failed tenants' stderr goes
+    try:
+        assert keep_stderr(proof, [w]) == "workers.log"
+        assert keep_stderr(proof, [w]) == "workers.log"  # one file for all: a GPU host sends back few files
+    finally:
+        proof.close()
+    log = (tmp_path / "out" / "workers.log").read_text()
+    assert log.count("===== t-bad\n") == 2 and "fw_worker: no workload warp" in log
 
 
 FAKE_CONTROL = """#!/bin/sh
