@@ -3,7 +3,8 @@
 One sitting per way of sharing: the two tenants are started together and warmed up, then, per variant, A runs
 alone, B runs alone, and both run together (the pair). Each window starts with a settle (a step in flight from the
 window before ends, a policy switch takes effect) and is measured after it. Windows are long enough for tens of
-steps of the slowest tenant: ``x_s`` alone, ``p_s`` the pair, at least 20 and 60 warm steps.
+steps of the slowest tenant: ``x_s`` alone, ``p_s`` the pair, at least 10 and 30 warm steps (timed while both warmed
+up at once, so a weight-1 tenant's step in the pair), but no more than three times ``x_s`` and ``p_s``.
 
 Along it the proof can act at set times (:class:`Events`): switch the GPU's policy, and read the daemon's held
 time of each instance at the edges of each measured window, so that a window's held time is the daemon's own bill.
@@ -37,7 +38,8 @@ def timeline(t0: int, variants: list[str], step_s: dict[str, float], x_s: float,
         st = step_s.get(v, 0.0)
         settle = int(max(0.3, 3 * st) * S)
         for who in order:
-            length = int((max(x_s, 20 * st) if len(who) == 1 else max(p_s, 60 * st)) * S)
+            want = (x_s, 10 * st) if len(who) == 1 else (p_s, 30 * st)
+            length = int(min(max(want), 3 * want[0]) * S)
             windows.append(Window(v, who, (t, t + settle + length), (t + settle, t + settle + length)))
             t += settle + length
     return windows

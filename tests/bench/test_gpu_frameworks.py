@@ -43,9 +43,12 @@ def test_a_sitting_runs_each_alone_then_the_pair_with_a_settle_before_each_measu
     # a fast step: 0.3 s of settle, the windows as asked
     assert ws[0].measure == (t0 + S * 3 // 10, t0 + S * 3 // 10 + 3 * S // 2)
     assert ws[2].measure[1] - ws[2].measure[0] == 4 * S
-    # a 0.2 s step: 0.6 s of settle, and windows long enough for 20 steps alone and 60 in the pair
+    # a 0.2 s step: 0.6 s of settle, and windows long enough for 10 steps alone and 30 in the pair
     assert ws[3].measure[0] - ws[3].run[0] == 6 * S // 10
-    assert ws[3].measure[1] - ws[3].measure[0] == 4 * S and ws[5].measure[1] - ws[5].measure[0] == 12 * S
+    assert ws[3].measure[1] - ws[3].measure[0] == 2 * S and ws[5].measure[1] - ws[5].measure[0] == 6 * S
+    # a 1 s step: no window past three times what was asked
+    slow = timeline(t0, ["x"], {"x": 1.0}, x_s=1.5, p_s=4.0)
+    assert [w.measure[1] - w.measure[0] for w in slow] == [9 * S // 2, 9 * S // 2, 12 * S]
     assert plan_of("A", ws) == [(w.variant, *w.run) for w in ws if w.who in ("A", "AB")]
     assert [w.who for w in timeline(0, ["x"], {}, 1, 2, order=("B", "A", "AB"))] == ["B", "A", "AB"]
 
