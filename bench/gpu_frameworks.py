@@ -244,7 +244,7 @@ class FrameworkPart:
                 if not {s.info[w]["pid"] for w in s.info} <= pids:
                     raise RuntimeError(f"the MPS daemon lists clients {sorted(pids)}, not both tenants")
         started = time.monotonic() - t_start
-        x_s, p_s = (1.0, 2.5) if proof.fake else (self.spec.x_s, self.spec.p_s)
+        x_s, p_s = (1.0, 4.0) if proof.fake else (self.spec.x_s, self.spec.p_s)
         windows = timeline(time.monotonic_ns() + int((2.0 if self.c else 0.3) * 1e9), list(self.spec.variants),
                            step, x_s, p_s)
         events = Events()

@@ -261,10 +261,10 @@ def test_a_comparison_that_the_budget_leaves_no_room_for_is_one_line_and_the_cgp
     proof, part, figures = _stand_in_part(tmp_path, monkeypatch, left=100.0, reserve=90.0)
     part.run()
     assert [r["mode"] for r in part.rows] == ["cgpu"]
-    # each window's 100 kernel-ms over its span: 1 s alone (100 a second), 2.5 s in the pair (40 a second each)
+    # each window's 100 kernel-ms over its span: 1 s alone (100 a second), 4 s in the pair (25 a second each)
     row = part.rows[0]
-    assert (row["alone_a"], row["alone_b"], row["a"], row["b"]) == pytest.approx((100.0, 100.0, 40.0, 40.0))
-    assert row["ratio"] == pytest.approx(1.0) and row["aggregate_pct"] == pytest.approx(80.0) and row["ok"] is False
+    assert (row["alone_a"], row["alone_b"], row["a"], row["b"]) == pytest.approx((100.0, 100.0, 25.0, 25.0))
+    assert row["ratio"] == pytest.approx(1.0) and row["aggregate_pct"] == pytest.approx(50.0) and row["ok"] is False
     assert figures["notes"] == [
         "the fake driver runs no framework: the CUDA job program stands in (4 kernels of 1.0 ms a batch, as one "
         "cuGraphLaunch)",
