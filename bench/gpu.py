@@ -1,26 +1,36 @@
-"""The whole proof on a real GPU, in one command: discovery, memory isolation, ResNet-50 at 1:2, hand-overs and the
-shim's cost, a CUDA program at 1:2.
+"""The whole proof on a real GPU, in one command: discovery, memory isolation, real frameworks at 1:2 beside
+time-slicing and MPS, a limited tenant, a job across GPUs, containment, hand-overs and the shim's cost, a CUDA
+program at 1:2.
 
-    python -m bench.gpu [--out DIR] [--budget-s 480] [--only PART[,PART]] [--fake]
+    python -m bench.gpu [--out DIR] [--budget-s 540] [--only PART[,PART]] [--fake]
 
-It builds libcgpu.so (where ``cgpu-run --native`` finds it) and the C job program there (gcc), starts arbiterd on
-NVML (no ``--sim-gpus``) at its defaults and prints them, then runs each part in order of value, timed, within the
-budget (8 minutes), each skipped with its reason where what it needs is missing:
+It builds libcgpu.so (where ``cgpu-run`` finds it) and the C job program there (gcc), starts arbiterd on NVML (no
+``--sim-gpus``) at its defaults and prints them, then runs each part in order of value, timed, within the budget
+(9 minutes), each skipped with its reason where what it needs is missing:
 
 1. **discovery**: arbiterd's GPUs, UUIDs and memory against ``nvidia-smi -q`` (with ``--fake``: against the fake
    NVML's own configuration);
 2. **memory**: a limit of 1 GiB through the shim, for a CUDA C program (the limit seen as the total, an
    allocation past it refused with ``CUDA_ERROR_OUT_OF_MEMORY``, the ledger back to 0 after kill -9) and for
    PyTorch (``torch.cuda.mem_get_info`` and ``torch.cuda.OutOfMemoryError``);
-3. **resnet50**: torchvision's ResNet-50 at 1:2 on the GPU under ``cgpu-run`` (bench.resnet50 against this
-   daemon; batch 16/64/128 with 16 s measured each within the 8-minute budget, 16/32/64/128 with 24 s from a
-   budget of 10 minutes up; a GPU worker takes about 40 s to start and warm up), images/s and the ratio per
-   batch size beside cGPU's published table (behaviour §9), and the aggregate against exclusive;
-4. **handover**: the hand-over arbiterd measures while two CUDA programs contend, the slice ``auto`` chose, and the
+3. the framework parts (bench.gpu_frameworks; workers: bench.fw_worker), each a workload's two tenants at 1:2
+   under ``cgpu-run`` (which preloads libcgpu.so for every program), beside each one alone, then the same pair
+   under the driver's own time-slicing (no shim, no arbiter) and under MPS at 33 % and 67 % of the GPU's threads
+   (where ``nvidia-cuda-mps-control -d`` works): work ratio, held-time ratio and the pair's sum against exclusive,
+   one table per workload: **resnet50** (torchvision's ResNet-50: inference at batch 16, 64 and 128, training at
+   64), **cuda_graph** (a small transformer's decode step replayed as a ``torch.cuda.CUDAGraph``; on the fake
+   driver the CUDA job program's ``cuGraphLaunch`` stands in), **jax** (default preallocation, inside the limit it
+   is shown), **cupy** (a RawKernel loop), **compile** (``torch.compile``, mode default);
+4. **limit**: a tenant at a limit of 30 % alone and beside an unlimited one (bench.gpu_limit);
+5. **gang**: a two-GPU NCCL all-reduce job beside single-GPU tenants, where there are two GPUs (bench.gpu_gang);
+6. **containment**: a CUDA program without the shim, seen, killed, and killed over its memory (gpu_contain.py);
+7. **handover**: the hand-over arbiterd measures while two CUDA programs contend, the slice ``auto`` chose, and the
    shim's overhead on exclusive ResNet-50 (with and without ``LD_PRELOAD``; without PyTorch on a GPU, ns per
    launch of an empty kernel);
-5. **cuda_ratio**: a CUDA program at 1:2 through the shim, its kernels' work counted;
-6. **containment**: a CUDA program without the shim, seen, killed, and killed over its memory (gpu_contain.py).
+8. **cuda_ratio**: a CUDA program at 1:2 through the shim, its kernels' work counted.
+
+A framework part's time-slicing and MPS sittings run only where the budget, less what the later framework parts
+and the limit part need to start, has room for them; each sitting skipped says so in one line under its table.
 
 Instances are provisioned for this user (``inst_ctl create NAME uid=N``), as an operator would for host processes.
 Where the proof itself runs in a container, every process of it would be that one container, so arbiterd runs with
@@ -28,11 +38,14 @@ Where the proof itself runs in a container, every process of it would be that on
 
 It writes ``gpu.json`` and ``gpu.md`` to ``--out`` and ends with ``gpu=<name> driver=<ver> nvml_ok=<0|1>
 oom_ok=<0|1> resnet_ratio_min=<x> resnet_ratio_max=<x> aggregate_min_pct=<x> handover_ms=<x>
-shim_overhead_pct=<x>`` (``na`` where a part did not run); it exits 1 if a part failed. With no GPU it says so in
-one line and exits 0. ``--fake`` runs it on the fake CUDA driver and NVML (cgpu_testing/native), where the
-parts that need PyTorch on a GPU skip. It needs no network: what a GPU host has (the driver, PyTorch with CUDA,
-torchvision, gcc) and this package, installed with ``python3 -m pip install --no-deps --no-build-isolation -e .``
-by the ``python3`` that holds PyTorch (its ``bin`` first on ``PATH``, where ``arbiterd`` and ``cgpu-run`` land).
+shim_overhead_pct=<x> frameworks_ok=<N>/<M> worst_ratio=<x>`` (``na`` where a part did not run; a framework row
+is ok where both tenants had the shim loaded and its work ratio is within 10 % of 2, and worst_ratio is the one
+farthest from 2); it exits 1 if a part failed. With no GPU it says so in one line and exits 0. ``--fake`` runs it
+on the fake CUDA driver and NVML (cgpu_testing/native), where the parts that need a framework on a GPU skip, each
+in one line, and the CUDA job program stands in where a part has a stand-in. It needs no network: what a GPU host
+has (the driver, PyTorch with CUDA, torchvision, JAX, CuPy, gcc) and this package, installed with ``python3 -m pip
+install --no-deps --no-build-isolation -e .`` by the ``python3`` that holds PyTorch (its ``bin`` first on
+``PATH``, where ``arbiterd`` and ``cgpu-run`` land).
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -49,14 +63,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from arbiterd.server.config import Config
+from arbiterd.tools.adminclient import AdminClient
 from bench import results
 from bench.common import has_gpu
 from bench.gpu_contain import run as run_containment
+from bench.gpu_frameworks import SPECS, FrameworkPart, estimate_s
+from bench.gpu_gang import run as run_gang
 from bench.gpu_host import (
     RESNET50_RATE,
     TORCH_MEMORY,
@@ -67,29 +83,25 @@ from bench.gpu_host import (
     smi_query,
     torch_cuda,
 )
-from bench.gpu_report import record, render
+from bench.gpu_limit import run as run_limit
+from bench.gpu_part import Part, Skip
+from bench.gpu_report import frameworks_table, record, render, summary_frameworks
 from cgpu_testing.daemon import DaemonProc
-from cgpu_testing.tools import ROOT, tool
+from cgpu_testing.tools import tool
 
-PARTS = ("discovery", "memory", "resnet50", "handover", "cuda_ratio", "containment")
-# what each part may take (s): a part starts only if this much of the budget is left
-NEEDS = {"discovery": 10, "memory": 30, "resnet50": 300, "handover": 60, "cuda_ratio": 40, "containment": 20}
+# in order of value: what people share GPUs for (each framework at 1:2 beside time-slicing and MPS), then the
+# limit, the gang, and the parts that prove the shim's own mechanics
+PARTS = ("discovery", "memory", "resnet50", "cuda_graph", "limit", "jax", "cupy", "compile", "gang", "containment",
+         "handover", "cuda_ratio")
+FRAMEWORKS = tuple(SPECS)  # the parts bench.gpu_frameworks runs
+# what each part may take (s): a part starts only if this much of the budget is left (a framework part: its cgpu
+# sitting; its time-slicing and MPS sittings run only where the budget, less what the later framework parts and
+# the limit need, has room for them)
+NEEDS = {"discovery": 10, "memory": 30, **{n: round(estimate_s(s, False)) for n, s in SPECS.items()}, "limit": 40,
+         "gang": 90, "containment": 20, "handover": 60, "cuda_ratio": 40}
 GIB = 1 << 30
 MIB = 1 << 20
 CUDA_ERROR_OUT_OF_MEMORY = 2
-
-
-class Skip(Exception):
-    """A part cannot run here: the one-line reason."""
-
-
-@dataclass
-class Part:
-    name: str
-    status: str = "not run"  # ok | failed | skipped
-    why: str = ""
-    seconds: float = 0.0
-    figures: dict[str, Any] = field(default_factory=dict)
 
 
 class Proof:
@@ -104,6 +116,7 @@ class Proof:
         self.daemon: DaemonProc | None = None
         self.uid = os.geteuid()
         self.provisioned: set[str] = set()
+        self.selected: list[str] = list(PARTS)  # the parts this run was asked for, in order
 
     # ------------------------------------------------------------------ set-up
     def build(self) -> None:
@@ -149,8 +162,13 @@ class Proof:
         return r.stdout
 
     def status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(self.ctl("status"))
-        return doc
+        assert self.daemon is not None
+        return AdminClient(self.daemon.admin).status()
+
+    def ctl_put(self, path: str, value: str) -> None:
+        """A tree write through the admin API at once (no cgpuctl to start: a timeline's events are on time)."""
+        assert self.daemon is not None
+        AdminClient(self.daemon.admin).put(path, value)
 
     def instance(self, name: str) -> dict[str, Any]:
         for g in self.status()["gpus"]:
@@ -159,11 +177,11 @@ class Proof:
                     return dict(i)
         raise KeyError(name)
 
-    def provision(self, name: str, **settings: Any) -> None:
+    def provision(self, name: str, gpu: str = "0", **settings: Any) -> None:
         """An instance for this user's host processes (arbiterd at its defaults takes a host process's word only
         for what an operator provisioned for its uid)."""
         opts = " ".join(f"{k}={v}" for k, v in settings.items())
-        self.ctl("echo", f"create {name} uid={self.uid} gpu=0 {opts}".strip(), "inst_ctl")
+        self.ctl("echo", f"create {name} uid={self.uid} gpu={gpu} {opts}".strip(), "inst_ctl")
         self.provisioned.add(name)
 
     def unprovision(self) -> None:
@@ -174,16 +192,18 @@ class Proof:
         self.provisioned.clear()
 
     def restore_policy(self) -> None:
-        """GPU 0 back on the daemon's default policy: a part that moved it (bench.resnet50 puts it on 2, where
+        """GPU 0 back on the daemon's default policy: a part that moved it (provisioning 1:2 puts it on 2, where
         every registered instance takes its turn, idle or not) must not shape the parts after it."""
         if self.status()["gpus"][0]["policy"] != self.default_policy:
             self.ctl("echo", str(self.default_policy), "0/policy")
 
     def log(self, name: str, text: str) -> Path:
-        """``text`` (a failed child's whole stderr) kept beside gpu.json as NAME.log."""
+        """``text`` (a failed child's whole stderr) kept beside gpu.json, in workers.log under a header naming it:
+        one file for all, since a GPU host's run sends back only a few files."""
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / f"{name}.log"
-        path.write_text(text)
+        path = self.out / "workers.log"
+        with path.open("a") as f:
+            f.write(f"===== {name}\n{text.rstrip()}\n")
         return path
 
     def job_env(self, instance: str) -> dict[str, str]:
@@ -208,6 +228,11 @@ class Proof:
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
 
+    def reserve_after(self, name: str) -> float:
+        """What the framework parts and the limit part after ``name`` (of those asked for) need to start."""
+        later = self.selected[self.selected.index(name) + 1:] if name in self.selected else []
+        return float(sum(NEEDS[n] for n in later if n in (*FRAMEWORKS, "limit")))
+
     def part(self, name: str, fn: Callable[[Part], None]) -> None:
         p = self.parts[name] = Part(name)
         if self.left_s() < NEEDS[name]:
@@ -226,8 +251,11 @@ class Proof:
                     self.unprovision()
                     self.restore_policy()
             p.seconds = time.monotonic() - t0
+        shown = {k: v for k, v in p.figures.items() if k not in ("rows", "notes")} if "rows" in p.figures else p.figures
         print(f"[{p.status:7s}] {name} ({p.seconds:.1f} s)" + (f": {p.why}" if p.why else "")
-              + (f" {json.dumps(p.figures)}" if p.figures else ""), flush=True)
+              + (f" {json.dumps(shown, default=str)}" if shown else ""), flush=True)
+        for line in frameworks_table(name, p.figures)[1:]:  # a framework part's table, and the limit part's
+            print(line, flush=True)
 
     # --------------------------------------------------------------------- parts
     def discovery(self, p: Part) -> None:
@@ -296,39 +324,33 @@ class Proof:
         doc = json.loads(r.stdout.strip().splitlines()[-1])
         return {"torch_total_is_the_limit": doc["total"] == GIB, "torch_out_of_memory_error": doc["oom"]}
 
-    def resnet50(self, p: Part) -> None:
-        if self.fake or not torch_cuda():
-            raise Skip("needs PyTorch with CUDA on a GPU")
-        if subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True).returncode != 0:
-            raise Skip("torchvision does not import here")
-        assert self.daemon is not None
-        long = self.budget_s >= 600
-        batches = (16, 32, 64, 128) if long else (16, 64, 128)
-        for b in batches:  # the names bench.resnet50 gives its instances, for this user, at 1:2
-            self.provision(f"rn50-b{b}-A", weight=1)
-            self.provision(f"rn50-b{b}-B", weight=2)
-        doc_path = self.tmp / "resnet50.json"
-        seconds = 24.0 if long else 16.0  # the measured window per batch size (2 or 3 s segments)
-        try:
-            r = run_group([sys.executable, "-m", "bench.resnet50", "--device", "cuda", "--torchvision", "--image-size",
-                       "224", "--batch", ",".join(map(str, batches)), "--seconds", str(seconds), "--warmup", "3",
-                       "--threads", "1", "--admin", self.daemon.admin, "--socket", self.daemon.sock, "--no-results",
-                       "--doc", str(doc_path)],
-                          cwd=ROOT, env={**os.environ, **self.env}, timeout=max(60.0, self.left_s() - 90))
-        except subprocess.TimeoutExpired as exc:
-            path = self.log("resnet50", str(exc.stderr or ""))
-            raise RuntimeError(f"bench.resnet50 ran past {exc.timeout:.0f} s (its stderr: {path.name})") from None
-        if r.returncode != 0:
-            path = self.log("resnet50", r.stderr)
-            raise RuntimeError(f"bench.resnet50 exited with {r.returncode} (its stderr: {path.name}): "
-                               f"{r.stderr.strip()[-200:]}")
-        doc = json.loads(doc_path.read_text())
-        rows = [{"batch": x["batch"], "exclusive": round(x["exclusive"], 1), "weight1": round(x["inst1"], 1),
-                 "weight2": round(x["inst2"], 1), "ratio": round(x["ratio"], 3),
-                 "aggregate_pct": round(100 * x["aggregate_vs_exclusive"], 1), "slice_ms": x["slice_in_force_ms"],
-                 "handover_ms": round(x["handover_ms"], 3)} for x in doc["results"]]
-        p.figures = {"rows": rows, "window_s": seconds}
-        self.info["resnet"] = rows
+    def framework(self, p: Part) -> None:
+        """A framework part (bench.gpu_frameworks): its workload at 1:2 through cgpu, time-slicing and MPS."""
+        FrameworkPart(self, p.name, SPECS[p.name], p.figures).run()
+        failed = p.figures.get("failed_sittings", [])
+        if p.name == "resnet50":
+            self.info["resnet"] = [
+                {"batch": int(re.sub(r"\D", "", r["variant"])), "mode": "training" if r["variant"].startswith("train")
+                 else "inference", "exclusive": _round(r["exclusive"], 1), "weight1": _round(r["a"], 1),
+                 "weight2": _round(r["b"], 1), "ratio": _round(r["ratio"], 3),
+                 "aggregate_pct": _round(r["aggregate_pct"], 1), "slice_ms": r.get("slice_ms"),
+                 "handover_ms": _round(r.get("handover_ms"), 3)}
+                for r in p.figures["rows"] if r["mode"] == "cgpu" and r["ratio"] is not None]
+            cost = next((r.get("shim_cost_pct") for r in p.figures["rows"] if r["mode"] == "cgpu"
+                         and r["variant"] == "inf64" and r.get("shim_cost_pct") is not None), None)
+            if cost is not None:  # until the handover part measures it over longer windows
+                self.info["shim_overhead_pct"] = cost
+                self.info["shim_overhead_from"] = "resnet50 inf64: alone through the shim against alone without it"
+        if "cgpu" in failed:
+            raise RuntimeError(next(n for n in p.figures["notes"] if n.startswith("cgpu")))
+
+    resnet50 = cuda_graph = jax = cupy = compile = framework
+
+    def limit(self, p: Part) -> None:
+        run_limit(self, p.figures)  # a tenant at a limit of 30 % alone and beside an unlimited one
+
+    def gang(self, p: Part) -> None:
+        run_gang(self, p.figures)  # a two-GPU all-reduce job beside single-GPU tenants
 
     def handover(self, p: Part) -> None:
         self.provision("proof-ho-a")
@@ -359,6 +381,7 @@ class Proof:
         p.figures.update({"resnet50_img_s_without_shim": without, "resnet50_img_s_with_shim": with_shim,
                           "shim_overhead_pct": round(pct, 2)})
         self.info["shim_overhead_pct"] = pct
+        self.info["shim_overhead_from"] = "handover: exclusive ResNet-50, batch 64, 10 s with and without the shim"
 
     def torch_rate(self, shim: bool) -> float:
         """Exclusive ResNet-50 inference, images/s (torchvision's model, batch 64, 224x224)."""
@@ -425,14 +448,18 @@ class Proof:
         def num(v: Any, fmt: str) -> str:
             return format(v, fmt) if isinstance(v, int | float) else "na"
 
+        def known(key: str) -> list[float]:
+            return [r[key] for r in rows if isinstance(r.get(key), int | float)]
+
         return (f"gpu={str(gpus[0].get('name', 'na')).replace(' ', '_')} driver={self.info.get('driver', 'na')} "
                 f"nvml_ok={int(self.parts.get('discovery', Part('')).status == 'ok')} "
                 f"oom_ok={self.info.get('oom_ok', 0)} "
-                f"resnet_ratio_min={num(min((r['ratio'] for r in rows), default=None), '.3f')} "
-                f"resnet_ratio_max={num(max((r['ratio'] for r in rows), default=None), '.3f')} "
-                f"aggregate_min_pct={num(min((r['aggregate_pct'] for r in rows), default=None), '.1f')} "
+                f"resnet_ratio_min={num(min(known('ratio'), default=None), '.3f')} "
+                f"resnet_ratio_max={num(max(known('ratio'), default=None), '.3f')} "
+                f"aggregate_min_pct={num(min(known('aggregate_pct'), default=None), '.1f')} "
                 f"handover_ms={num(self.info.get('handover_ms'), '.3f')} "
-                f"shim_overhead_pct={num(self.info.get('shim_overhead_pct'), '.2f')}")
+                f"shim_overhead_pct={num(self.info.get('shim_overhead_pct'), '.2f')} "
+                + summary_frameworks([p.figures.get("rows", []) for n, p in self.parts.items() if n in FRAMEWORKS]))
 
     def report(self, command: str) -> str:
         """Write gpu.json and gpu.md to ``--out`` (and, on a real GPU, this run's section of bench/RESULTS.md);
@@ -457,11 +484,15 @@ class Proof:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def _round(v: Any, n: int) -> Any:
+    return round(v, n) if isinstance(v, int | float) else v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu-proof", help="where gpu.json and gpu.md go (default ./gpu-proof)")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="the whole run's budget (default 480: 8 min)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="the whole run's budget (default 540: 9 min)")
     ap.add_argument("--only", help=f"a comma-separated subset of {', '.join(PARTS)}")
     ap.add_argument("--fake", action="store_true", help="run on the fake CUDA driver and NVML (no GPU needed)")
     ap.add_argument("--record", metavar="GPU_JSON", help="write the section of bench/RESULTS.md from the gpu.json "
@@ -486,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.gpu: gcc is needed to build libcgpu.so and the CUDA job program")
         return 1
     proof = Proof(Path(args.out), args.fake, args.budget_s)
+    proof.selected = [n for n in PARTS if n in only]
     try:
         proof.build()
         proof.start_daemon()
