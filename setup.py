@@ -14,7 +14,8 @@ from setuptools.command.build_ext import build_ext
 
 NATIVE = "libcgpu_client/native"
 # the shim's sources, lowest layer first (libcgpu_client/native/shim.h says what each holds)
-SHIM_SOURCES = ("mp.c", "env.c", "log.c", "conn.c", "gates.c", "resolve.c", "launch.c", "memory.c", "preload.c")
+SHIM_SOURCES = ("mp.c", "env.c", "log.c", "conn.c", "gates.c", "resolve.c", "launch.c", "memory.c", "pools.c",
+                "context.c", "preload.c")
 
 
 class BuildSharedLibrary(build_ext):

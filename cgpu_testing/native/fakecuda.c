@@ -53,6 +53,7 @@ typedef struct op {
     CUevent ev;
     struct CUgraphExec_st *graph;
     void *mem;
+    struct pool_block *pb; /* OP_FREE of a pool allocation: it goes back to its pool */
     struct op *next;
 } op;
 
@@ -123,6 +124,13 @@ static long env_long(const char *name, long dflt) {
 
 static CUcontext current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
 
+/* Defined with the memory pools, the context footprint and the other memory kinds, below. */
+struct pool_block;
+static void pool_return(struct pool_block *pb);
+static void pools_at_sync(int dev);
+static int footprint_take(int dev);
+static void footprint_give(int dev);
+
 /* ------------------------------------------------------------------ worker */
 
 static void spin(uint64_t ns) {
@@ -160,6 +168,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         if (o->kind == OP_FREE)
             free(o->mem);
+        if (o->kind == OP_FREE && o->pb)
+            pool_return(o->pb);
         c->head = o->next;
         if (!c->head)
             c->tail = NULL;
@@ -211,15 +221,20 @@ static void wait_seq(CUcontext c, uint64_t seq) {
 }
 
 static CUcontext new_context(int dev, int primary) {
-    CUcontext c = calloc(1, sizeof *c);
-    if (!c)
+    if (footprint_take(dev) != 0)
         return NULL;
+    CUcontext c = calloc(1, sizeof *c);
+    if (!c) {
+        footprint_give(dev);
+        return NULL;
+    }
     c->dev = dev;
     c->primary = primary;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->null_stream.ctx = c;
     if (pthread_create(&c->worker, NULL, worker_main, c) != 0) {
+        footprint_give(dev);
         free(c);
         return NULL;
     }
@@ -232,6 +247,7 @@ static void destroy_context(CUcontext c) {
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->worker, NULL);
+    footprint_give(c->dev);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);
@@ -443,13 +459,18 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
     if (d < 0 || d >= D.ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&D.mu);
+    CUresult r = CUDA_SUCCESS;
     if (!D.primary[d])
         D.primary[d] = new_context(d, 1);
-    if (D.primary[d])
+    else if (D.primary_refs[d] == 0 && footprint_take(d) != 0)
+        r = CUDA_ERROR_OUT_OF_MEMORY; /* the reset context is made again (its footprint) */
+    if (!D.primary[d])
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS)
         D.primary_refs[d]++;
-    *pctx = D.primary[d];
+    *pctx = r == CUDA_SUCCESS ? D.primary[d] : NULL;
     pthread_mutex_unlock(&D.mu);
-    return *pctx ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
@@ -458,8 +479,9 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&D.mu);
     int ok = D.primary_refs[d] > 0;
-    if (ok)
-        D.primary_refs[d]--; /* the context itself lives on, as the driver keeps it until reset */
+    if (ok && --D.primary_refs[d] == 0)
+        footprint_give(d); /* "the context is automatically reset once the last reference to it is released"
+                            * (cuDevicePrimaryCtxRelease): its memory goes; the object is kept for the next retain */
     pthread_mutex_unlock(&D.mu);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
@@ -524,6 +546,7 @@ EXPORT CUresult cuCtxSynchronize(void) {
     if (unsafe_call_prohibited())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(c, c->enq_seq);
+    pools_at_sync(c->dev);
     return CUDA_SUCCESS;
 }
 
@@ -567,6 +590,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
     if (legacy && unsafe_call_prohibited())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(s->ctx, s->last_seq);
+    pools_at_sync(s->ctx->dev);
     return CUDA_SUCCESS;
 }
 
@@ -733,6 +757,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
     wait_seq(e->ctx, e->seq);
+    pools_at_sync(e->ctx->dev);
     return CUDA_SUCCESS;
 }
 
@@ -925,19 +950,28 @@ typedef struct block {
 static block *blocks;
 static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static CUresult dev_alloc(int dev, size_t bytes, void **out) {
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+/* Take bytes of device dev's memory: 0, or -1 past its total. */
+static int dev_take(int dev, size_t bytes) {
     int64_t before = atomic_fetch_add(&D.used[dev], (int64_t)bytes);
     if (before + (int64_t)bytes > D.total) {
         atomic_fetch_sub(&D.used[dev], (int64_t)bytes);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return -1;
     }
+    return 0;
+}
+
+/* A block of bytes on device dev, or in host memory (dev -1, not bounded by a device's total). */
+static CUresult dev_alloc(int dev, size_t bytes, void **out) {
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev >= 0 && dev_take(dev, bytes) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     block *b = malloc(sizeof *b);
     void *p = malloc(bytes); /* pages are touched only when used */
     if (!b || !p) {
         free(b), free(p);
-        atomic_fetch_sub(&D.used[dev], (int64_t)bytes);
+        if (dev >= 0)
+            atomic_fetch_sub(&D.used[dev], (int64_t)bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     b->p = p;
@@ -951,6 +985,8 @@ static CUresult dev_alloc(int dev, size_t bytes, void **out) {
     return CUDA_SUCCESS;
 }
 
+static CUresult host_alloc(size_t bytes, void **out) { return dev_alloc(-1, bytes, out); }
+
 /* Unlink the block at p; NULL when p is not an allocation. */
 static block *take_block(void *p) {
     pthread_mutex_lock(&blocks_mu);
@@ -961,7 +997,7 @@ static block *take_block(void *p) {
     if (b)
         *pp = b->next;
     pthread_mutex_unlock(&blocks_mu);
-    if (b)
+    if (b && b->dev >= 0)
         atomic_fetch_sub(&D.used[b->dev], (int64_t)b->bytes);
     return b;
 }
@@ -1006,20 +1042,26 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     return CUDA_SUCCESS;
 }
 
-static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s) {
-    CHECK_INIT();
-    if (!resolve_stream(s))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    return cuMemAlloc_v2(dptr, bytes); /* usable at once: earlier than stream order requires */
-}
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+/* cuMemAllocAsync and cuMemFreeAsync go through the stream's device's current memory pool (below). */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s);
+static struct pool_block *take_pool_block(void *p);
 
 static CUresult free_async(CUdeviceptr dptr, CUstream s) {
     CHECK_INIT();
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
+    struct pool_block *pb = take_pool_block((void *)(uintptr_t)dptr);
+    if (pb) {
+        op *po = calloc(1, sizeof *po);
+        if (!po) {
+            pool_return(pb);
+            return CUDA_SUCCESS;
+        }
+        po->kind = OP_FREE; /* back to its pool when the stream reaches this point */
+        po->pb = pb;
+        return enqueue(s, po);
+    }
     block *b = take_block((void *)(uintptr_t)dptr);
     if (!b)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1040,7 +1082,20 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return free_asy
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags) {
     CHECK_INIT();
-    if (!h || !prop || flags != 0 || prop->location.type != 1)
+    if (!h || !prop || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* CUmemLocation (driver API reference, Virtual Memory Management): a device location's id is a device ordinal;
+     * host memory (CU_MEM_LOCATION_TYPE_HOST, HOST_NUMA, HOST_NUMA_CURRENT: CUDA 12.2 and later) is the system's */
+    int type = prop->location.type;
+    if (type == CU_MEM_LOCATION_TYPE_HOST || type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+        type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        void *hp;
+        CUresult hr = host_alloc(size, &hp);
+        if (hr == CUDA_SUCCESS)
+            *h = (CUmemGenericAllocationHandle)(uintptr_t)hp;
+        return hr;
+    }
+    if (type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.id < 0 || prop->location.id >= D.ndev)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -1087,6 +1142,450 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
     if (r == CUDA_SUCCESS)
         memcpy(dst, (const void *)(uintptr_t)src, n);
     return r;
+}
+
+/* ------------------------------------------- memory pools, managed memory, arrays, context footprint
+ *
+ * Stream-ordered memory pools, as the CUDA Programming Guide ("Stream Ordered Memory Allocator": "Memory Pools",
+ * "Physical Page Caching Behavior", "Explicit Release") and the driver API reference (Stream Ordered Memory
+ * Allocator: cuMemAllocAsync, cuMemFreeAsync, cuMemPoolTrimTo, cuMemPoolDestroy; CUmemPool_attribute) describe them:
+ *  - a pool holds memory from its device ("reserved"); an allocation takes from what the pool holds and the pool
+ *    grows, at its own granularity ("the OS allocations may happen at different granularity from the user
+ *    allocations"; 2 MiB here), when it lacks room; a free gives the bytes back to the pool, not to the device,
+ *    when the stream reaches it;
+ *  - "When more than the release threshold bytes of memory are held by the memory pool, the allocator will try to
+ *    release memory back to the OS on the next call to stream, event or context synchronize" (the threshold is
+ *    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0); it never releases what backs outstanding allocations;
+ *  - cuMemPoolTrimTo(pool, keep) releases "until the pool contains fewer than minBytesToKeep reserved bytes, or
+ *    there is no more memory that the allocator can safely release";
+ *  - cuMemPoolDestroy: "if any pointers obtained from this pool haven't been freed ... the resources associated
+ *    with the pool will be released automatically once there are no more outstanding allocations"; a device's
+ *    default pool cannot be destroyed;
+ *  - cuMemAllocAsync allocates from "the memory pool current to the stream's device", the device's default pool
+ *    unless cuDeviceSetMemPool chose another (cuDeviceGetDefaultMemPool, cuDeviceGetMemPool).
+ * Free space in a pool is one number (no fragmentation). A host-located pool (CU_MEM_LOCATION_TYPE_HOST*) takes
+ * nothing from a device. */
+
+#define POOL_GRANULE (2u << 20)
+
+struct CUmemPoolHandle_st {
+    int dev; /* visible ordinal; -1: host-located */
+    int is_default, destroyed;
+    size_t reserved, used, threshold, reserved_high, used_high;
+    int live; /* allocations not yet back in the pool */
+    int reuse[4];
+    struct CUmemPoolHandle_st *next;
+};
+struct pool_block {
+    void *p;
+    size_t bytes;
+    struct CUmemPoolHandle_st *pool;
+    struct pool_block *next;
+};
+static struct CUmemPoolHandle_st *pools, *default_pool[MAX_DEVICES], *current_pool[MAX_DEVICES];
+static struct pool_block *pool_blocks;
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t round_granule(size_t n) { return (n + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE; }
+
+/* Under pools_mu: give back what pool holds beyond max(keep, what backs its live allocations). */
+static void pool_release_to(struct CUmemPoolHandle_st *pool, size_t keep) {
+    size_t floor_ = round_granule(pool->used);
+    size_t target = keep > floor_ ? keep : floor_;
+    if (pool->reserved <= target)
+        return;
+    if (pool->dev >= 0)
+        atomic_fetch_sub(&D.used[pool->dev], (int64_t)(pool->reserved - target));
+    pool->reserved = target;
+}
+
+static void pool_unlink(struct CUmemPoolHandle_st *pool) {
+    struct CUmemPoolHandle_st **pp = &pools;
+    while (*pp && *pp != pool)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = pool->next;
+}
+
+/* Under pools_mu. */
+static struct CUmemPoolHandle_st *pool_new(int dev, int is_default) {
+    struct CUmemPoolHandle_st *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return NULL;
+    pool->dev = dev;
+    pool->is_default = is_default;
+    pool->reuse[1] = pool->reuse[2] = pool->reuse[3] = 1;
+    pool->next = pools;
+    pools = pool;
+    return pool;
+}
+
+/* Under pools_mu: the device's default pool, made at first use. */
+static struct CUmemPoolHandle_st *default_of(int dev) {
+    if (!default_pool[dev])
+        default_pool[dev] = pool_new(dev, 1);
+    return default_pool[dev];
+}
+
+static void pool_return(struct pool_block *pb) {
+    pthread_mutex_lock(&pools_mu);
+    struct CUmemPoolHandle_st *pool = pb->pool;
+    pool->used -= pb->bytes;
+    pool->live--;
+    if (pool->destroyed && pool->live == 0) {
+        pool_release_to(pool, 0);
+        pool_unlink(pool);
+        free(pool);
+    }
+    pthread_mutex_unlock(&pools_mu);
+    free(pb->p);
+    free(pb);
+}
+
+static void pools_at_sync(int dev) {
+    pthread_mutex_lock(&pools_mu);
+    for (struct CUmemPoolHandle_st *pool = pools; pool; pool = pool->next)
+        if (pool->dev == dev && pool->reserved > pool->threshold)
+            pool_release_to(pool, pool->threshold);
+    pthread_mutex_unlock(&pools_mu);
+}
+
+static struct pool_block *take_pool_block(void *p) {
+    pthread_mutex_lock(&pools_mu);
+    struct pool_block **pp = &pool_blocks;
+    while (*pp && (*pp)->p != p)
+        pp = &(*pp)->next;
+    struct pool_block *pb = *pp;
+    if (pb)
+        *pp = pb->next;
+    pthread_mutex_unlock(&pools_mu);
+    return pb;
+}
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytes, struct CUmemPoolHandle_st *pool, CUstream s) {
+    if (!dptr || bytes == 0 || !pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!resolve_stream(s))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct pool_block *pb = malloc(sizeof *pb);
+    void *p = malloc(bytes);
+    if (!pb || !p) {
+        free(pb), free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&pools_mu);
+    size_t room = pool->reserved - pool->used;
+    if (pool->destroyed) {
+        pthread_mutex_unlock(&pools_mu);
+        free(pb), free(p);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (room < bytes) {
+        size_t grow = round_granule(bytes - room);
+        if (pool->dev >= 0 && dev_take(pool->dev, grow) != 0) {
+            pthread_mutex_unlock(&pools_mu);
+            free(pb), free(p);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pool->reserved += grow;
+    }
+    pool->used += bytes;
+    pool->live++;
+    if (pool->reserved > pool->reserved_high)
+        pool->reserved_high = pool->reserved;
+    if (pool->used > pool->used_high)
+        pool->used_high = pool->used;
+    pb->p = p;
+    pb->bytes = bytes;
+    pb->pool = pool;
+    pb->next = pool_blocks;
+    pool_blocks = pb;
+    pthread_mutex_unlock(&pools_mu);
+    *dptr = (CUdeviceptr)(uintptr_t)p; /* usable at once: earlier than stream order requires */
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    CHECK_INIT();
+    CUstream rs = resolve_stream(s);
+    if (!rs)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&pools_mu);
+    int dev = rs->ctx->dev;
+    struct CUmemPoolHandle_st *pool = current_pool[dev] ? current_pool[dev] : default_of(dev);
+    pthread_mutex_unlock(&pools_mu);
+    return pool ? pool_alloc(dptr, bytes, pool, s) : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+
+#define ALLOC_FROM_POOL(name)                                                                    \
+    EXPORT CUresult name(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s) {              \
+        CHECK_INIT();                                                                            \
+        return pool_alloc(d, n, pool, s);                                                        \
+    }
+ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
+ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *out, const CUmemPoolProps *props) {
+    CHECK_INIT();
+    if (!out || !props || props->allocType != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    int type = props->location.type, dev = -1;
+    if (type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (props->location.id < 0 || props->location.id >= D.ndev)
+            return CUDA_ERROR_INVALID_DEVICE;
+        dev = props->location.id;
+    } else if (type != CU_MEM_LOCATION_TYPE_HOST && type != CU_MEM_LOCATION_TYPE_HOST_NUMA &&
+               type != CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&pools_mu);
+    *out = pool_new(dev, 0);
+    pthread_mutex_unlock(&pools_mu);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    CHECK_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_mu);
+    if (pool->is_default || pool->destroyed) {
+        pthread_mutex_unlock(&pools_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (current_pool[d] == pool)
+            current_pool[d] = NULL; /* the device's current pool is its default again */
+    pool->destroyed = 1;
+    if (pool->live == 0) {
+        pool_release_to(pool, 0);
+        pool_unlink(pool);
+        free(pool);
+    }
+    pthread_mutex_unlock(&pools_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    CHECK_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_mu);
+    if (pool->reserved > keep)
+        pool_release_to(pool, keep);
+    pthread_mutex_unlock(&pools_mu);
+    return CUDA_SUCCESS;
+}
+
+/* The attributes' value types as CUmemPool_attribute lists them: int for the reuse flags, cuuint64_t for the rest;
+ * the high-water marks may only be reset (to 0), the current amounts only read. */
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CHECK_INIT();
+    if (!pool || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&pools_mu);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: pool->reuse[attr] = *(const int *)value; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->threshold = (size_t) * (const cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(const cuuint64_t *)value != 0)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            pool->reserved_high = pool->reserved;
+        else
+            pool->used_high = pool->used;
+        break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pools_mu);
+    return r;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CHECK_INIT();
+    if (!pool || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&pools_mu);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = pool->reuse[attr]; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pools_mu);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *out, CUdevice d) {
+    CHECK_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&pools_mu);
+    *out = default_of(d);
+    pthread_mutex_unlock(&pools_mu);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice d) {
+    CHECK_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&pools_mu);
+    *out = current_pool[d] ? current_pool[d] : default_of(d);
+    pthread_mutex_unlock(&pools_mu);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* "The pool must be on the device": a pool of another device, or a host-located one, is refused. */
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
+    CHECK_INIT();
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!pool || pool->dev != d || pool->destroyed)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_mu);
+    current_pool[d] = pool;
+    pthread_mutex_unlock(&pools_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory (cuMemAllocManaged in the driver API reference: bytesize 0 and flags other than
+ * CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST are CUDA_ERROR_INVALID_VALUE). Modelled as resident on the current
+ * context's device for its whole life (no migration, no oversubscription); freed by cuMemFree. */
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    CHECK_INIT();
+    if (!dptr || bytes == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = current_dev();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    void *p;
+    CUresult r = dev_alloc(dev, bytes, &p);
+    if (r == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)(uintptr_t)p;
+    return r;
+}
+
+/* Arrays. CUDA_ARRAY3D_DESCRIPTOR (driver API reference, cuArray3DCreate): Width, Height and Depth are "the width,
+ * height, and depth of the CUDA array (in elements)" (Height 0 for a 1D array, Depth 0 for 1D and 2D); Format is
+ * the type of each channel (CU_AD_FORMAT_UNSIGNED_INT8 ... CU_AD_FORMAT_FLOAT: 8-, 16- or 32-bit integers, 16-bit
+ * half and 32-bit float) and NumChannels "the number of packed components per CUDA array element; it may be 1,
+ * 2, or 4". An element is NumChannels channels of its format's size; an array holds Width x Height x Depth of
+ * them, unpadded here. A mipmapped array (cuMipmappedArrayCreate) has numMipmapLevels levels, each half the
+ * previous in every dimension (at least 1), at most 1 + floor(log2(the largest dimension)) of them. Only the
+ * formats above are modelled; the others are CUDA_ERROR_INVALID_VALUE. */
+static size_t channel_bytes(CUarray_format f) {
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+    }
+}
+
+/* Bytes of the array the descriptor describes at mipmap level `level`; 0 when the descriptor is invalid. */
+static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, unsigned level) {
+    size_t cb = channel_bytes(f);
+    if (w == 0 || cb == 0 || (ch != 1 && ch != 2 && ch != 4) || (d && !h))
+        return 0;
+    w = w >> level ? w >> level : 1;
+    h = h ? (h >> level ? h >> level : 1) : 1;
+    d = d ? (d >> level ? d >> level : 1) : 1;
+    return w * h * d * cb * ch;
+}
+
+static CUresult array_alloc(CUarray *out, size_t bytes) {
+    if (!out || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = current_dev();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    void *p;
+    CUresult r = dev_alloc(dev, bytes, &p);
+    if (r == CUDA_SUCCESS)
+        *out = (CUarray)p;
+    return r;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *a) {
+    CHECK_INIT();
+    return array_alloc(out, a ? array_bytes(a->Width, a->Height, 0, a->Format, a->NumChannels, 0) : 0);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *a) {
+    CHECK_INIT();
+    return array_alloc(out, a ? array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, 0) : 0);
+}
+
+static CUresult array_free(void *p) {
+    CHECK_INIT();
+    block *b = take_block(p);
+    if (!b)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(b->p);
+    free(b);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) { return array_free(a); }
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D_DESCRIPTOR *a, unsigned levels) {
+    CHECK_INIT();
+    if (!out || !a || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t big = a->Width > a->Height ? a->Width : a->Height;
+    big = big > a->Depth ? big : a->Depth;
+    unsigned most = 1;
+    while (big >> most)
+        most++;
+    if (levels > most)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        size_t n = array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, l);
+        if (n == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        bytes += n;
+    }
+    return array_alloc((CUarray *)out, bytes);
+}
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return array_free(m); }
+
+/* A context's own device memory (FAKECUDA_CTX_MB, default 0): what a real context takes at creation (code, local
+ * memory, the printf FIFO, the malloc heap: 0.3 to 0.6 GB on current GPUs) and gives back when destroyed. */
+static int footprint_take(int dev) {
+    int64_t n = env_long("FAKECUDA_CTX_MB", 0) * 1024LL * 1024LL;
+    return n > 0 && dev_take(dev, (size_t)n) != 0 ? -1 : 0;
+}
+static void footprint_give(int dev) {
+    int64_t n = env_long("FAKECUDA_CTX_MB", 0) * 1024LL * 1024LL;
+    if (n > 0)
+        atomic_fetch_sub(&D.used[dev], n);
+}
+
+/* For the fake NVML only (not a driver entry point): what this process holds on physical device phys, so that
+ * nvmlDeviceGetMemoryInfo counts it as the real NVML counts every context's and allocation's memory. */
+EXPORT int64_t fakecuda_used_bytes(int phys) {
+    int64_t n = 0;
+    for (int k = 0; atomic_load(&D.inited) && k < D.ndev; k++)
+        if (D.phys[k] == phys)
+            n += atomic_load(&D.used[k]);
+    return n;
 }
 
 /* ------------------------------------------------------------------- errors */
@@ -1156,6 +1655,11 @@ static const struct {
     P(cuEventSynchronize), P(cuEventElapsedTime), P(cuModuleLoadData), P(cuModuleUnload),
     P(cuModuleGetFunction), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
     P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString), P(cuThreadExchangeStreamCaptureMode),
+    /* memory pools, managed memory, arrays */
+    PT(cuMemAllocFromPoolAsync), P(cuMemPoolCreate), P(cuMemPoolDestroy), P(cuMemPoolTrimTo), P(cuMemPoolSetAttribute),
+    P(cuMemPoolGetAttribute), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
+    P(cuMemAllocManaged), V2(cuArrayCreate, 3020), V2(cuArray3DCreate, 3020), P(cuArrayDestroy),
+    P(cuMipmappedArrayCreate), P(cuMipmappedArrayDestroy),
 #undef P
 #undef PT
 #undef V2

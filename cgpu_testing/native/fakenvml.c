@@ -1,10 +1,12 @@
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 /* A fake of libnvidia-ml.so.1 for tests only: the device list, memory, the running processes and utilization.
  * Devices and totals come from FAKECUDA_DEVICES and FAKECUDA_MEM_MB, like the fake
- * driver; "used" is FAKENVML_USED_MB (default 0) because the fake cannot see other
- * processes' allocations. The processes with a context on each GPU, their memory and
+ * driver; "used" is FAKENVML_USED_MB (default 0), which stands for other processes' memory, plus what this
+ * process holds in the fake driver (its contexts and allocations), as NVML counts every process's. The processes with a context on each GPU, their memory and
  * utilization come from the control file FAKENVML_CONTROL names, which a test writes and
  * rewrites (read again at every call). See README.md beside this file. */
+#include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,9 +102,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int l
     return NVML_SUCCESS;
 }
 
-static void fill(unsigned long long *total, unsigned long long *used) {
+/* What the fake driver loaded in this process holds on device index (0 without it). */
+static unsigned long long this_process(unsigned index) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!cuda)
+        return 0;
+    int64_t (*used)(int) = (int64_t(*)(int))dlsym(cuda, "fakecuda_used_bytes");
+    int64_t n = used ? used((int)index) : 0;
+    dlclose(cuda);
+    return n > 0 ? (unsigned long long)n : 0;
+}
+
+static void fill(unsigned index, unsigned long long *total, unsigned long long *used) {
     *total = (unsigned long long)env_long("FAKECUDA_MEM_MB", 16384) << 20;
-    *used = (unsigned long long)env_long("FAKENVML_USED_MB", 0) << 20;
+    *used = ((unsigned long long)env_long("FAKENVML_USED_MB", 0) << 20) + this_process(index);
     if (*used > *total)
         *used = *total;
 }
@@ -112,7 +125,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
         return NVML_ERROR_UNINITIALIZED;
     if (!valid(d) || !m)
         return NVML_ERROR_INVALID_ARGUMENT;
-    fill(&m->total, &m->used);
+    fill(d->index, &m->total, &m->used);
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }
@@ -124,7 +137,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
         return NVML_ERROR_INVALID_ARGUMENT;
     if (m->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    fill(&m->total, &m->used);
+    fill(d->index, &m->total, &m->used);
     m->reserved = 0;
     m->free = m->total - m->used;
     return NVML_SUCCESS;

@@ -37,7 +37,7 @@ enum {
     CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_DEVICE_UNAVAILABLE = 46, CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201, CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_NOT_READY = 600, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_NOT_READY = 600, CUDA_ERROR_NOT_SUPPORTED = 801, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901, CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -64,7 +64,7 @@ typedef struct {
 } CUlaunchConfig;
 
 typedef struct {
-    int type;                 /* CUmemLocationType: 1 = device */
+    int type;                 /* CUmemLocationType: CU_MEM_LOCATION_TYPE_* */
     int id;                   /* device ordinal */
 } CUmemLocation;
 typedef struct {
@@ -76,6 +76,42 @@ typedef struct {
              unsigned char reserved[4]; } allocFlags;
 } CUmemAllocationProp;
 
+/* Memory that is not cuMemAlloc's: stream-ordered pools, managed memory, arrays (cuda.h, CUDA 12) */
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef int CUarray_format;
+typedef int CUmemPool_attribute;
+enum { CU_MEM_LOCATION_TYPE_DEVICE = 1, CU_MEM_LOCATION_TYPE_HOST = 2, CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+       CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4 };
+enum { CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+       CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+       CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+       CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7, CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8 };
+enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+enum { CU_AD_FORMAT_UNSIGNED_INT8 = 0x01, CU_AD_FORMAT_UNSIGNED_INT16 = 0x02, CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+       CU_AD_FORMAT_SIGNED_INT8 = 0x08, CU_AD_FORMAT_SIGNED_INT16 = 0x09, CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+       CU_AD_FORMAT_HALF = 0x10, CU_AD_FORMAT_FLOAT = 0x20 };
+typedef struct {
+    size_t Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct {
+    size_t Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct {
+    int allocType;            /* CUmemAllocationType: 1 = pinned */
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 
 /* NVML */
 typedef int nvmlReturn_t;

@@ -34,11 +34,33 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuGetProcAddress, "cuGetProcAddress", 0, 12000, 0, LIB_CUDA)              \
     X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 1 << 30, 0, LIB_CUDA)     \
     X(nvmlDeviceGetMemoryInfo, "", 0, 0, 0, LIB_NVML)                           \
-    X(nvmlDeviceGetMemoryInfo_v2, "", 0, 0, 0, LIB_NVML)
+    X(nvmlDeviceGetMemoryInfo_v2, "", 0, 0, 0, LIB_NVML)                        \
+    MEMORY_HOOKS(X)
+
+/* The rest of the memory a process takes (pools.c, context.c, memory.c): stream-ordered pools and the
+ * synchronisations at which a pool gives memory back, managed memory, arrays, the primary context. */
+#define MEMORY_HOOKS(X)                                                                        \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 1 << 30, 0, LIB_CUDA)             \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 0, 1 << 30, 1, LIB_CUDA)        \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 0, 1 << 30, 0, LIB_CUDA)                             \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 1 << 30, 0, LIB_CUDA)                           \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", 0, 1 << 30, 0, LIB_CUDA)                             \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 1 << 30, 0, LIB_CUDA)                 \
+    X(cuStreamSynchronize, "cuStreamSynchronize", 0, 1 << 30, 0, LIB_CUDA)                     \
+    X(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 0, 1 << 30, 1, LIB_CUDA)                \
+    X(cuEventSynchronize, "cuEventSynchronize", 0, 1 << 30, 0, LIB_CUDA)                       \
+    X(cuCtxSynchronize, "cuCtxSynchronize", 0, 13000, 0, LIB_CUDA)                             \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 0, 1 << 30, 0, LIB_CUDA)                         \
+    X(cuArrayCreate_v2, "cuArrayCreate", 3020, 1 << 30, 0, LIB_CUDA)                           \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 1 << 30, 0, LIB_CUDA)                       \
+    X(cuArrayDestroy, "cuArrayDestroy", 0, 1 << 30, 0, LIB_CUDA)                               \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 1 << 30, 0, LIB_CUDA)               \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 1 << 30, 0, LIB_CUDA)             \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0, 1 << 30, 0, LIB_CUDA)           \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 1 << 30, 0, LIB_CUDA)
 
 /* driver functions the shim calls but does not interpose */
 #define HELPERS(X)                                                              \
-    X(cuCtxSynchronize, "", 0, 0, 0, LIB_CUDA)                                  \
     X(cuCtxGetCurrent, "", 0, 0, 0, LIB_CUDA)                                   \
     X(cuCtxGetDevice, "", 0, 0, 0, LIB_CUDA)                                    \
     X(cuCtxPushCurrent_v2, "", 0, 0, 0, LIB_CUDA)                               \
@@ -47,7 +69,11 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuDeviceGetUuid, "", 0, 0, 0, LIB_CUDA)                                   \
     X(cuThreadExchangeStreamCaptureMode, "", 0, 0, 0, LIB_CUDA)                 \
     X(cuDeviceGetUuid_v2, "", 0, 0, 0, LIB_CUDA)                                \
-    X(nvmlDeviceGetIndex, "", 0, 0, 0, LIB_NVML)
+    X(nvmlDeviceGetIndex, "", 0, 0, 0, LIB_NVML)                                \
+    X(cuDeviceGetMemPool, "", 0, 0, 0, LIB_CUDA)                                \
+    X(cuMemPoolGetAttribute, "", 0, 0, 0, LIB_CUDA)                             \
+    X(nvmlInit_v2, "", 0, 0, 0, LIB_NVML)                                       \
+    X(nvmlDeviceGetHandleByIndex_v2, "", 0, 0, 0, LIB_NVML)
 
 #define AS_ENUM(name, base, lo, hi, ptsz, lib) H_##name,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -74,6 +100,22 @@ typedef CUresult(gpa_t)(const char *, void **, int, cuuint64_t);
 typedef CUresult(gpa2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef nvmlReturn_t(nvml_mem_t)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t(nvml_mem2_t)(nvmlDevice_t, nvmlMemory_v2_t *);
+typedef CUresult(alloc_from_pool_t)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult(pool_create_t)(CUmemoryPool *, const CUmemPoolProps *);
+typedef CUresult(pool_destroy_t)(CUmemoryPool);
+typedef CUresult(pool_trim_t)(CUmemoryPool, size_t);
+typedef CUresult(pool_attr_t)(CUmemoryPool, CUmemPool_attribute, void *);
+typedef CUresult(stream_sync_t)(CUstream);
+typedef CUresult(event_sync_t)(CUevent);
+typedef CUresult(ctx_sync_t)(void);
+typedef CUresult(alloc_managed_t)(CUdeviceptr *, size_t, unsigned int);
+typedef CUresult(array_create_t)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+typedef CUresult(array3d_create_t)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+typedef CUresult(array_destroy_t)(CUarray);
+typedef CUresult(mipmap_create_t)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+typedef CUresult(mipmap_destroy_t)(CUmipmappedArray);
+typedef CUresult(primary_retain_t)(CUcontext *, CUdevice);
+typedef CUresult(primary_release_t)(CUdevice);
 
 EXPORT init_t cuInit;
 EXPORT launch_t cuLaunchKernel, cuLaunchKernel_ptsz;
@@ -93,9 +135,24 @@ EXPORT gpa_t cuGetProcAddress;
 EXPORT gpa2_t cuGetProcAddress_v2;
 EXPORT nvml_mem_t nvmlDeviceGetMemoryInfo;
 EXPORT nvml_mem2_t nvmlDeviceGetMemoryInfo_v2;
+EXPORT alloc_from_pool_t cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz;
+EXPORT pool_create_t cuMemPoolCreate;
+EXPORT pool_destroy_t cuMemPoolDestroy;
+EXPORT pool_trim_t cuMemPoolTrimTo;
+EXPORT pool_attr_t cuMemPoolSetAttribute;
+EXPORT stream_sync_t cuStreamSynchronize, cuStreamSynchronize_ptsz;
+EXPORT event_sync_t cuEventSynchronize;
+EXPORT ctx_sync_t cuCtxSynchronize;
+EXPORT alloc_managed_t cuMemAllocManaged;
+EXPORT array_create_t cuArrayCreate_v2;
+EXPORT array3d_create_t cuArray3DCreate_v2;
+EXPORT array_destroy_t cuArrayDestroy;
+EXPORT mipmap_create_t cuMipmappedArrayCreate;
+EXPORT mipmap_destroy_t cuMipmappedArrayDestroy;
+EXPORT primary_retain_t cuDevicePrimaryCtxRetain;
+EXPORT primary_release_t cuDevicePrimaryCtxRelease_v2;
 
 /* The driver functions the shim only calls (HELPERS): declared for their types, never defined here. */
-CUresult cuCtxSynchronize(void);
 CUresult cuCtxGetCurrent(CUcontext *);
 CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuCtxPushCurrent_v2(CUcontext);
@@ -105,6 +162,10 @@ CUresult cuDeviceGetUuid(CUuuid *, CUdevice);
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *);
 CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned int *);
+CUresult cuDeviceGetMemPool(CUmemoryPool *, CUdevice);
+CUresult cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void *);
+nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
 
 /* The real entry point idx (an H_ value); NULL when the driver lacks it. */
 CGPU_HIDDEN void *cgpu_real(int idx);

@@ -1,17 +1,20 @@
 /* libcgpu.so's memory hooks: allocations reserve against the instance's memory ledger first
  * and fail with CUDA_ERROR_OUT_OF_MEMORY past its limit; frees give the bytes back; the
- * driver's and NVML's memory queries report the limit as the total. Managed memory
- * (cuMemAllocManaged) is not isolated. */
+ * driver's and NVML's memory queries report the limit as the total. Here: cuMemAlloc, pitched,
+ * managed (counted whole, on the current GPU), cuMemCreate (device-located only), arrays and
+ * mipmapped arrays (sized from their descriptors). Stream-ordered pools are pools.c's, the
+ * context's own memory context.c's. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 
-#include "hooks.h"
+#include "memory.h"
 
-/* What this process allocated: address (or cuMemCreate handle) -> bytes and GPU. */
+/* What this process allocated: address (or tagged handle) -> bytes, GPU and owner (a pool, or NULL). */
 typedef struct alloc {
     uint64_t key;
     int64_t bytes;
     int pos;
+    void *owner;
     struct alloc *next;
 } alloc;
 
@@ -21,7 +24,7 @@ static pthread_mutex_t allocs_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static unsigned bucket_of(uint64_t key) { return (unsigned)((key * 0x9E3779B97F4A7C15ULL) >> 52) % NBUCKETS; }
 
-static void track(uint64_t key, int64_t bytes, int pos) {
+void cgpu_track(uint64_t key, int64_t bytes, int pos, void *owner) {
     alloc *a = malloc(sizeof *a);
     if (!a) { /* the ledger keeps it until this process exits */
         cgpu_log("cannot track an allocation of %lld bytes", (long long)bytes);
@@ -30,6 +33,7 @@ static void track(uint64_t key, int64_t bytes, int pos) {
     a->key = key;
     a->bytes = bytes;
     a->pos = pos;
+    a->owner = owner;
     pthread_mutex_lock(&allocs_mu);
     unsigned b = bucket_of(key);
     a->next = buckets[b];
@@ -37,8 +41,7 @@ static void track(uint64_t key, int64_t bytes, int pos) {
     pthread_mutex_unlock(&allocs_mu);
 }
 
-/* Forget key; returns 1 and its size and GPU when it was tracked. */
-static int untrack(uint64_t key, int64_t *bytes, int *pos) {
+int cgpu_untrack(uint64_t key, int64_t *bytes, int *pos, void **owner) {
     pthread_mutex_lock(&allocs_mu);
     alloc **pp = &buckets[bucket_of(key)];
     while (*pp && (*pp)->key != key)
@@ -51,26 +54,31 @@ static int untrack(uint64_t key, int64_t *bytes, int *pos) {
         return 0;
     *bytes = a->bytes;
     *pos = a->pos;
+    if (owner)
+        *owner = a->owner;
     free(a);
     return 1;
 }
 
-#define HANDLE_TAG (1ULL << 63) /* cuMemCreate handles live beside device addresses */
+CUresult cgpu_reserve_or_error(int pos, int64_t bytes) {
+    int got = cgpu_mem_reserve(pos, bytes);
+    return got == 0 ? CUDA_ERROR_OUT_OF_MEMORY : got == -2 ? CGPU_REFUSED_ERROR : CUDA_SUCCESS;
+}
 
 /* Reserve, allocate, track; give the reservation back when the driver fails. */
 #define RESERVED_ALLOC(pos, bytes, key_expr, call)                         \
     do {                                                                   \
         if ((pos) < 0)                                                     \
             return call;                                                   \
-        int got_ = cgpu_mem_reserve((pos), (int64_t)(bytes));              \
-        if (got_ == 0 || got_ == -2)                                       \
-            return got_ ? CGPU_REFUSED_ERROR : CUDA_ERROR_OUT_OF_MEMORY;   \
+        CUresult e_ = cgpu_reserve_or_error((pos), (int64_t)(bytes));      \
+        if (e_ != CUDA_SUCCESS)                                            \
+            return e_;                                                     \
         CUresult r_ = call;                                                \
         if (r_ != CUDA_SUCCESS) {                                          \
             cgpu_mem_free((pos), (int64_t)(bytes));                        \
             return r_;                                                     \
         }                                                                  \
-        track((key_expr), (int64_t)(bytes), (pos));                        \
+        cgpu_track((key_expr), (int64_t)(bytes), (pos), NULL);             \
         return CUDA_SUCCESS;                                               \
     } while (0)
 
@@ -80,14 +88,13 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     RESERVED_ALLOC(pos, bytes, (uint64_t)*dptr, real(dptr, bytes));
 }
 
-#define ALLOC_ASYNC(name)                                                       \
-    CUresult name(CUdeviceptr *dptr, size_t bytes, CUstream s) {                \
-        REAL_OR_FAIL(name);                                                     \
-        int pos = cgpu_env_ok && dptr ? cgpu_current_pos() : -1;                     \
-        RESERVED_ALLOC(pos, bytes, (uint64_t)*dptr, real(dptr, bytes, s));      \
-    }
-ALLOC_ASYNC(cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+/* Managed memory is counted whole against the current GPU: it may all be resident there (isolation holds
+ * whatever the driver migrates), and a program that oversubscribes the device with it is held to its limit. */
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    REAL_OR_FAIL(cuMemAllocManaged);
+    int pos = cgpu_env_ok && dptr && bytes ? cgpu_current_pos() : -1;
+    RESERVED_ALLOC(pos, bytes, (uint64_t)*dptr, real(dptr, bytes, flags));
+}
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem) {
     REAL_OR_FAIL(cuMemAllocPitch_v2);
@@ -114,7 +121,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
     }
     if (actual < guess)
         cgpu_mem_free(pos, guess - actual);
-    track((uint64_t)*dptr, actual, pos);
+    cgpu_track((uint64_t)*dptr, actual, pos, NULL);
     return CUDA_SUCCESS;
 }
 
@@ -122,8 +129,13 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
                      unsigned long long flags) {
     REAL_OR_FAIL(cuMemCreate);
     int pos = -1;
-    if (cgpu_env_ok && handle) {
-        pos = prop && prop->location.type == 1 ? cgpu_device_pos(prop->location.id, -1) : cgpu_current_pos();
+    if (cgpu_env_ok && handle && prop) {
+        int type = prop->location.type;
+        if (type == CU_MEM_LOCATION_TYPE_DEVICE)
+            pos = cgpu_device_pos(prop->location.id, -1);
+        else if (type != CU_MEM_LOCATION_TYPE_HOST && type != CU_MEM_LOCATION_TYPE_HOST_NUMA &&
+                 type != CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+            pos = cgpu_current_pos(); /* device memory by another name (a locality domain): the current GPU's */
     }
     RESERVED_ALLOC(pos, size, (uint64_t)*handle | HANDLE_TAG, real(handle, size, prop, flags));
 }
@@ -134,7 +146,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         CUresult r_ = call;                                    \
         int64_t bytes_;                                        \
         int pos_;                                              \
-        if (r_ == CUDA_SUCCESS && untrack((key_expr), &bytes_, &pos_)) \
+        if (r_ == CUDA_SUCCESS && cgpu_untrack((key_expr), &bytes_, &pos_, NULL)) \
             cgpu_mem_free(pos_, bytes_);                       \
         return r_;                                             \
     } while (0)
@@ -144,17 +156,77 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     RELEASED_FREE((uint64_t)dptr, real(dptr));
 }
 
-#define FREE_ASYNC(name)                              \
-    CUresult name(CUdeviceptr dptr, CUstream s) {     \
-        REAL_OR_FAIL(name);                           \
-        RELEASED_FREE((uint64_t)dptr, real(dptr, s)); \
-    }
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
-
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     REAL_OR_FAIL(cuMemRelease);
     RELEASED_FREE((uint64_t)handle | HANDLE_TAG, real(handle));
+}
+
+/* ------------------------------------------------------------------ arrays */
+
+/* Bytes of one channel of format f. CUDA_ARRAY3D_DESCRIPTOR (driver API reference, cuArray3DCreate): Format is
+ * the type of each channel (CU_AD_FORMAT_UNSIGNED_INT8 ... CU_AD_FORMAT_FLOAT: 8-, 16-, 32-bit integers, 16-bit
+ * half, 32-bit float) and NumChannels "the number of packed components per CUDA array element". The normalized
+ * formats name their channels (..._INT8X4: 4 of 1 byte), so their element size is whole: returned with *whole
+ * set. Block-compressed and YUV formats (at most 8 bytes an element) are charged 8. */
+static size_t channel_bytes(int f, int *whole) {
+    *whole = 0;
+    switch (f) {
+    case 0x01: case 0x08: return 1;                  /* UNSIGNED_INT8, SIGNED_INT8 */
+    case 0x02: case 0x09: case 0x10: return 2;       /* UNSIGNED_INT16, SIGNED_INT16, HALF */
+    case 0x03: case 0x0a: case 0x20: return 4;       /* UNSIGNED_INT32, SIGNED_INT32, FLOAT */
+    }
+    *whole = 1;
+    switch (f) {
+    case 0xc0: case 0xc6: return 1;                  /* UNORM_INT8X1, SNORM_INT8X1 */
+    case 0xc1: case 0xc7: case 0xc3: case 0xc9: return 2;
+    case 0xc2: case 0xc8: case 0xc4: case 0xca: return 4;
+    case 0xc5: case 0xcb: return 8;                  /* UNORM_INT16X4, SNORM_INT16X4 */
+    default: return 8;
+    }
+}
+
+/* Bytes of an array of Width x Height x Depth elements ("in elements"; Height 0 for 1D, Depth 0 for 1D and 2D) at
+ * mipmap level `level` (each level halves every dimension, to at least 1). */
+static int64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned channels, unsigned level) {
+    int whole;
+    size_t elem = channel_bytes(format, &whole) * (whole ? 1 : (channels ? channels : 1));
+    w = w >> level ? w >> level : 1;
+    h = h ? (h >> level ? h >> level : 1) : 1;
+    d = d ? (d >> level ? d >> level : 1) : 1;
+    return (int64_t)(w * h * d * elem);
+}
+
+CUresult cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *a) {
+    REAL_OR_FAIL(cuArrayCreate_v2);
+    int pos = cgpu_env_ok && out && a && a->Width ? cgpu_current_pos() : -1;
+    int64_t bytes = pos >= 0 ? array_bytes(a->Width, a->Height, 0, (int)a->Format, a->NumChannels, 0) : 0;
+    RESERVED_ALLOC(pos, bytes, (uint64_t)(uintptr_t)*out | ARRAY_TAG, real(out, a));
+}
+
+CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *a) {
+    REAL_OR_FAIL(cuArray3DCreate_v2);
+    int pos = cgpu_env_ok && out && a && a->Width ? cgpu_current_pos() : -1;
+    int64_t bytes = pos >= 0 ? array_bytes(a->Width, a->Height, a->Depth, (int)a->Format, a->NumChannels, 0) : 0;
+    RESERVED_ALLOC(pos, bytes, (uint64_t)(uintptr_t)*out | ARRAY_TAG, real(out, a));
+}
+
+CUresult cuArrayDestroy(CUarray a) {
+    REAL_OR_FAIL(cuArrayDestroy);
+    RELEASED_FREE((uint64_t)(uintptr_t)a | ARRAY_TAG, real(a));
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D_DESCRIPTOR *a, unsigned int levels) {
+    REAL_OR_FAIL(cuMipmappedArrayCreate);
+    int pos = cgpu_env_ok && out && a && a->Width && levels && levels <= 64 ? cgpu_current_pos() : -1;
+    int64_t bytes = 0;
+    for (unsigned l = 0; pos >= 0 && l < levels; l++)
+        bytes += array_bytes(a->Width, a->Height, a->Depth, (int)a->Format, a->NumChannels, l);
+    RESERVED_ALLOC(pos, bytes, (uint64_t)(uintptr_t)*out | MIPMAP_TAG, real(out, a, levels));
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) {
+    REAL_OR_FAIL(cuMipmappedArrayDestroy);
+    RELEASED_FREE((uint64_t)(uintptr_t)m | MIPMAP_TAG, real(m));
 }
 
 /* The instance's limit on GPU pos, when it is below the device's total; 0 otherwise. */
@@ -164,6 +236,7 @@ static int limited(int pos, size_t total, int64_t *used, int64_t *limit) {
 
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     REAL_OR_FAIL(cuMemGetInfo_v2);
+    cgpu_pools_settle();
     CUresult r = real(free_b, total_b);
     int64_t used, limit;
     if (r == CUDA_SUCCESS && cgpu_env_ok && free_b && total_b &&

@@ -85,3 +85,25 @@ def test_env_parsing_under_asan(native_asan: Native) -> None:
         res = subprocess.run([str(native_asan.codec), "env"], env=env, capture_output=True, text=True, timeout=10)
         clean(res)
         assert res.stdout.strip() == describe(env)
+
+
+def test_every_memory_family_under_asan(native_asan: Native, daemon_factory: type, tmp_path: Path) -> None:
+    """progs/mem_families.c, ASan-built, under the ASan-built shim and fakes: pools (created, default, trimmed,
+    destroyed with an allocation outstanding), managed memory, arrays, mipmapped arrays, VMM in device and host
+    memory, a measured context, a JAX-style preallocation, and allocations past the limit of each."""
+    from libcgpu_client.native import build as nb
+    from tests.native.conftest import PROGS, fields
+
+    prog = nb.build_program([PROGS / "mem_families.c"], tmp_path / "mem_families", asan=True,
+                            link_cuda=native_asan.fakes)
+    d = daemon_factory.start(*DAEMON)
+    res = subprocess.run([str(prog), "threshold=256M", "pool=100M", "async=100M", "freeasync", "sync", "trim=0",
+                          "pool=10M", "destroy", "async=2G", "managed=100M", "managed=2G", "array=1024,1024",
+                          "array3d=64,64,64", "mipmap=1024,1024,11", "array3d=1024,1024,1024", "vmm=100M,device",
+                          "vmm=2G,host", "vmm=2G,device", "freeall", "freeasync", "jax=0.75", "ctxsync"],
+                         env=native_asan.env(d, CGPU_INSTANCE="fam", CGPU_MEM_LIMIT="1GiB", FAKECUDA_CTX_MB="100"),
+                         capture_output=True, text=True, timeout=120)
+    clean(res)
+    steps = [fields(ln) for ln in res.stdout.splitlines()]
+    assert all(s["ledger"] == s["held"] for s in steps), steps
+    assert [s["name"] for s in steps if s["rc"] == "2"] == ["async", "managed", "array3d", "vmm"], steps

@@ -1,0 +1,216 @@
+/* Takes GPU memory every way a process can, one action per argument, linked against the fake libcuda.so.1
+ * (tests/native/test_shim_memory.py runs it under libcgpu.so). After each action it prints one line:
+ *
+ *   ACTION rc=<the driver call's result> held=<bytes the fake device holds for this process>
+ *          ledger=<bytes the instance's ledger holds: cuMemGetInfo's total - free, under the shim>
+ *
+ * held comes from the fake's fakecuda_used_bytes (contexts, allocations, what pools reserve), so a test can check
+ * that the ledger says exactly what the device holds.
+ *
+ * usage: mem_families ACTION...
+ *   pool=SIZE          cuMemAllocFromPoolAsync from a pool of device 0 (cuMemPoolCreate at first use, or at threshold)
+ *   async=SIZE         cuMemAllocAsync (the device's current pool: its default)
+ *   freeasync          cuMemFreeAsync of every pool allocation, no synchronisation
+ *   sync ctxsync       cuStreamSynchronize of the stream / cuCtxSynchronize
+ *   threshold=SIZE     CU_MEMPOOL_ATTR_RELEASE_THRESHOLD of the created pool (default=SIZE: of the default pool)
+ *   trim=SIZE          cuMemPoolTrimTo(the created pool, SIZE)      destroy   cuMemPoolDestroy(the created pool)
+ *   managed=SIZE       cuMemAllocManaged (CU_MEM_ATTACH_GLOBAL)
+ *   array=W,H          cuArrayCreate_v2, 4 x float32 channels (16 bytes an element)
+ *   array3d=W,H,D      cuArray3DCreate_v2, same format      mipmap=W,H,LEVELS   cuMipmappedArrayCreate, same
+ *   vmm=SIZE,WHERE     cuMemCreate at device 0 (WHERE device) or in host memory (host, numa, numacur)
+ *   alloc=SIZE         cuMemAlloc_v2
+ *   freeall            free everything but pool allocations (cuMemFree, cuArrayDestroy, ..., cuMemRelease)
+ *   jax=FRACTION       a JAX-style preallocation: FRACTION of the total cuMemGetInfo shows, from the default pool
+ *                      with its release threshold at the maximum (XLA's cuda_async allocator), allocated, freed
+ *                      into the pool and synchronised; prints total= and bytes= too
+ *   ready sleep=MS
+ * SIZE: bytes, or with K/M/G (binary). The context is device 0's primary context; "ctx" is printed first. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, void *);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+int64_t fakecuda_used_bytes(int phys); /* the fake's, for tests */
+
+enum { K_PTR, K_ARRAY, K_MIPMAP, K_HANDLE };
+typedef struct {
+    int kind;
+    uint64_t v;
+} thing;
+static thing things[1024];
+static int nthings;
+static CUdeviceptr pooled[1024];
+static int npooled;
+
+static size_t size_of(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    size_t mult = *end == 'K' ? 1ULL << 10 : *end == 'M' ? 1ULL << 20 : *end == 'G' ? 1ULL << 30 : 1;
+    return (size_t)(v * (double)mult);
+}
+
+static void keep(int kind, uint64_t v) {
+    if (nthings < 1024)
+        things[nthings++] = (thing){kind, v};
+}
+
+static char extra[128]; /* more of the action's results, printed after its name */
+
+static void report(const char *what, CUresult r) {
+    size_t free_b = 0, total = 0;
+    cuMemGetInfo_v2(&free_b, &total);
+    printf("%s %src=%d held=%lld ledger=%lld\n", what, extra, r, (long long)fakecuda_used_bytes(0),
+           (long long)(total - free_b));
+    extra[0] = 0;
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    CUcontext ctx;
+    CUstream stream;
+    CUmemoryPool pool = NULL, dflt = NULL;
+    if (cuInit(0) != CUDA_SUCCESS)
+        return 3;
+    CUresult r = cuDevicePrimaryCtxRetain(&ctx, 0);
+    if (r != CUDA_SUCCESS) {
+        printf("ctx rc=%d\n", r);
+        return 0;
+    }
+    cuCtxSetCurrent(ctx);
+    cuStreamCreate(&stream, 0);
+    cuDeviceGetDefaultMemPool(&dflt, 0);
+    report("ctx", CUDA_SUCCESS);
+    for (int i = 1; i < argc; i++) {
+        char *a = argv[i], *v = strchr(a, '=');
+        if (v)
+            *v++ = 0;
+        size_t n = v ? size_of(v) : 0;
+        const char *second = v && strchr(v, ',') ? strchr(v, ',') + 1 : "";
+        CUdeviceptr p = 0;
+        if (!pool && (strcmp(a, "pool") == 0 || strcmp(a, "threshold") == 0)) {
+            CUmemPoolProps props = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+            cuMemPoolCreate(&pool, &props);
+        }
+        if (strcmp(a, "pool") == 0) {
+            r = cuMemAllocFromPoolAsync(&p, n, pool, stream);
+            if (r == CUDA_SUCCESS && npooled < 1024)
+                pooled[npooled++] = p;
+        } else if (strcmp(a, "async") == 0) {
+            r = cuMemAllocAsync(&p, n, stream);
+            if (r == CUDA_SUCCESS && npooled < 1024)
+                pooled[npooled++] = p;
+        } else if (strcmp(a, "freeasync") == 0) {
+            r = CUDA_SUCCESS;
+            for (int k = 0; k < npooled; k++)
+                r |= cuMemFreeAsync(pooled[k], stream);
+            npooled = 0;
+        } else if (strcmp(a, "sync") == 0) {
+            r = cuStreamSynchronize(stream);
+        } else if (strcmp(a, "ctxsync") == 0) {
+            r = cuCtxSynchronize();
+        } else if (strcmp(a, "threshold") == 0 || strcmp(a, "default") == 0) {
+            cuuint64_t t = n;
+            r = cuMemPoolSetAttribute(a[0] == 'd' ? dflt : pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t);
+        } else if (strcmp(a, "trim") == 0) {
+            r = cuMemPoolTrimTo(pool, n);
+        } else if (strcmp(a, "destroy") == 0) {
+            r = cuMemPoolDestroy(pool);
+            pool = NULL;
+        } else if (strcmp(a, "managed") == 0) {
+            r = cuMemAllocManaged(&p, n, CU_MEM_ATTACH_GLOBAL);
+            if (r == CUDA_SUCCESS)
+                keep(K_PTR, p);
+        } else if (strcmp(a, "alloc") == 0) {
+            r = cuMemAlloc_v2(&p, n);
+            if (r == CUDA_SUCCESS)
+                keep(K_PTR, p);
+        } else if (strcmp(a, "array") == 0 || strcmp(a, "array3d") == 0 || strcmp(a, "mipmap") == 0) {
+            size_t w = n, h = size_of(second), d = strchr(second, ',') ? size_of(strchr(second, ',') + 1) : 0;
+            CUarray arr = NULL;
+            if (strcmp(a, "array") == 0) {
+                CUDA_ARRAY_DESCRIPTOR desc = {.Width = w, .Height = h, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+                r = cuArrayCreate_v2(&arr, &desc);
+            } else {
+                CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = w, .Height = h, .Depth = a[5] == '3' ? d : 0,
+                                                .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+                r = a[0] == 'm' ? cuMipmappedArrayCreate((CUmipmappedArray *)&arr, &desc, (unsigned)d)
+                                : cuArray3DCreate_v2(&arr, &desc);
+            }
+            if (r == CUDA_SUCCESS)
+                keep(a[0] == 'm' ? K_MIPMAP : K_ARRAY, (uint64_t)(uintptr_t)arr);
+        } else if (strcmp(a, "vmm") == 0) {
+            int type = strcmp(second, "device") == 0 ? CU_MEM_LOCATION_TYPE_DEVICE
+                       : strcmp(second, "host") == 0 ? CU_MEM_LOCATION_TYPE_HOST
+                       : strcmp(second, "numa") == 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA
+                                                     : CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+            CUmemAllocationProp prop = {.type = 1, .location = {.type = type, .id = 0}};
+            CUmemGenericAllocationHandle h = 0;
+            r = cuMemCreate(&h, n, &prop, 0);
+            if (r == CUDA_SUCCESS)
+                keep(K_HANDLE, h);
+        } else if (strcmp(a, "freeall") == 0) {
+            r = CUDA_SUCCESS;
+            for (int k = 0; k < nthings; k++) {
+                thing t = things[k];
+                r |= t.kind == K_PTR      ? cuMemFree_v2(t.v)
+                     : t.kind == K_ARRAY  ? cuArrayDestroy((CUarray)(uintptr_t)t.v)
+                     : t.kind == K_MIPMAP ? cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)t.v)
+                                          : cuMemRelease(t.v);
+            }
+            nthings = 0;
+        } else if (strcmp(a, "jax") == 0) {
+            size_t free_b = 0, total = 0;
+            cuMemGetInfo_v2(&free_b, &total);
+            size_t want = (size_t)(strtod(v, NULL) * (double)total);
+            cuuint64_t most = UINT64_MAX;
+            r = cuMemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &most);
+            if (r == CUDA_SUCCESS)
+                r = cuMemAllocAsync(&p, want, stream);
+            if (r == CUDA_SUCCESS)
+                r = cuMemFreeAsync(p, stream);
+            if (r == CUDA_SUCCESS)
+                r = cuStreamSynchronize(stream);
+            snprintf(extra, sizeof extra, "total=%zu bytes=%zu ", total, want);
+        } else if (strcmp(a, "ready") == 0) {
+            r = CUDA_SUCCESS;
+        } else if (strcmp(a, "sleep") == 0) {
+            usleep((useconds_t)n * 1000);
+            r = CUDA_SUCCESS;
+        } else {
+            fprintf(stderr, "mem_families: unknown action %s\n", a);
+            return 2;
+        }
+        report(a, r);
+    }
+    cuCtxSynchronize(); /* pool frees reach their pools before the process ends */
+    return 0;
+}
