@@ -437,6 +437,18 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d) 
     return CUDA_SUCCESS;
 }
 
+/* CUDA 11.4's _v3 (execution affinity: SM counts) and 12.5's _v4 (CUctxCreateParams: affinity, CIG): their
+ * parameters are not modelled; the context is cuCtxCreate_v2's. */
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *aff, int naff, unsigned int flags, CUdevice d) {
+    if (naff < 0 || (naff > 0 && !aff))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, d);
+}
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice d) {
+    (void)params;
+    return cuCtxCreate_v2(pctx, flags, d);
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     CHECK_INIT();
     if (!c || c->primary)
@@ -1032,9 +1044,20 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     return r;
 }
 
+static struct pool_block *take_pool_block(void *p);
+
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     CHECK_INIT();
     block *b = take_block((void *)(uintptr_t)dptr);
+    struct pool_block *pb = b ? NULL : take_pool_block((void *)(uintptr_t)dptr);
+    if (pb) { /* a pool's allocation, which the Programming Guide's Stream Ordered Memory Allocator lets cudaFree free:
+               * back to its pool, after the work queued so far (a synchronous free) */
+        CUcontext c = current();
+        if (c)
+            wait_seq(c, c->enq_seq);
+        pool_return(pb);
+        return CUDA_SUCCESS;
+    }
     if (!b)
         return CUDA_ERROR_INVALID_VALUE;
     free(b->p);
@@ -1044,7 +1067,6 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 /* cuMemAllocAsync and cuMemFreeAsync go through the stream's device's current memory pool (below). */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUstream s);
-static struct pool_block *take_pool_block(void *p);
 
 static CUresult free_async(CUdeviceptr dptr, CUstream s) {
     CHECK_INIT();
@@ -1152,15 +1174,18 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
  *  - a pool holds memory from its device ("reserved"); an allocation takes from what the pool holds and the pool
  *    grows, at its own granularity ("the OS allocations may happen at different granularity from the user
  *    allocations"; 2 MiB here), when it lacks room; a free gives the bytes back to the pool, not to the device,
- *    when the stream reaches it;
+ *    in stream order: usable again at once by later work (its bytes leave "used" at the call), released to the
+ *    device only once the stream has reached the free ("allocations that have been asynchronously freed but whose
+ *    completion has not been observed on the host ... can count as outstanding": they do here, as `pending`);
  *  - "When more than the release threshold bytes of memory are held by the memory pool, the allocator will try to
  *    release memory back to the OS on the next call to stream, event or context synchronize" (the threshold is
  *    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0); it never releases what backs outstanding allocations;
  *  - cuMemPoolTrimTo(pool, keep) releases "until the pool contains fewer than minBytesToKeep reserved bytes, or
  *    there is no more memory that the allocator can safely release";
  *  - cuMemPoolDestroy: "if any pointers obtained from this pool haven't been freed ... the resources associated
- *    with the pool will be released automatically once there are no more outstanding allocations"; a device's
- *    default pool cannot be destroyed;
+ *    with the pool will be released automatically once there are no more outstanding allocations" (here at the
+ *    last one's free: freed but not yet reached "can" count as outstanding, it need not); a device's default pool
+ *    cannot be destroyed;
  *  - cuMemAllocAsync allocates from "the memory pool current to the stream's device", the device's default pool
  *    unless cuDeviceSetMemPool chose another (cuDeviceGetDefaultMemPool, cuDeviceGetMemPool).
  * Free space in a pool is one number (no fragmentation). A host-located pool (CU_MEM_LOCATION_TYPE_HOST*) takes
@@ -1172,7 +1197,8 @@ struct CUmemPoolHandle_st {
     int dev; /* visible ordinal; -1: host-located */
     int is_default, destroyed;
     size_t reserved, used, threshold, reserved_high, used_high;
-    int live; /* allocations not yet back in the pool */
+    size_t pending; /* freed in stream order, the stream not there yet: still backed */
+    int live;       /* allocations not yet freed */
     int reuse[4];
     struct CUmemPoolHandle_st *next;
 };
@@ -1190,13 +1216,20 @@ static size_t round_granule(size_t n) { return (n + POOL_GRANULE - 1) / POOL_GRA
 
 /* Under pools_mu: give back what pool holds beyond max(keep, what backs its live allocations). */
 static void pool_release_to(struct CUmemPoolHandle_st *pool, size_t keep) {
-    size_t floor_ = round_granule(pool->used);
+    size_t floor_ = round_granule(pool->used + pool->pending);
     size_t target = keep > floor_ ? keep : floor_;
     if (pool->reserved <= target)
         return;
     if (pool->dev >= 0)
         atomic_fetch_sub(&D.used[pool->dev], (int64_t)(pool->reserved - target));
     pool->reserved = target;
+}
+
+/* Under pools_mu: a destroyed pool with nothing left allocated gives back all it holds. */
+static void pool_release_all(struct CUmemPoolHandle_st *pool) {
+    if (pool->dev >= 0)
+        atomic_fetch_sub(&D.used[pool->dev], (int64_t)pool->reserved);
+    pool->reserved = 0;
 }
 
 static void pool_unlink(struct CUmemPoolHandle_st *pool) {
@@ -1230,10 +1263,8 @@ static struct CUmemPoolHandle_st *default_of(int dev) {
 static void pool_return(struct pool_block *pb) {
     pthread_mutex_lock(&pools_mu);
     struct CUmemPoolHandle_st *pool = pb->pool;
-    pool->used -= pb->bytes;
-    pool->live--;
-    if (pool->destroyed && pool->live == 0) {
-        pool_release_to(pool, 0);
+    pool->pending -= pb->bytes;
+    if (pool->destroyed && pool->live == 0 && pool->pending == 0) {
         pool_unlink(pool);
         free(pool);
     }
@@ -1250,14 +1281,22 @@ static void pools_at_sync(int dev) {
     pthread_mutex_unlock(&pools_mu);
 }
 
+/* Unlink the pool allocation at p, freed in stream order: its bytes leave "used" for "pending" (pool_return ends
+ * that when the stream reaches the free). NULL when p is none. */
 static struct pool_block *take_pool_block(void *p) {
     pthread_mutex_lock(&pools_mu);
     struct pool_block **pp = &pool_blocks;
     while (*pp && (*pp)->p != p)
         pp = &(*pp)->next;
     struct pool_block *pb = *pp;
-    if (pb)
+    if (pb) {
+        struct CUmemPoolHandle_st *pool = pb->pool;
         *pp = pb->next;
+        pool->used -= pb->bytes;
+        pool->pending += pb->bytes;
+        if (--pool->live == 0 && pool->destroyed)
+            pool_release_all(pool);
+    }
     pthread_mutex_unlock(&pools_mu);
     return pb;
 }
@@ -1359,8 +1398,9 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
         if (current_pool[d] == pool)
             current_pool[d] = NULL; /* the device's current pool is its default again */
     pool->destroyed = 1;
-    if (pool->live == 0) {
-        pool_release_to(pool, 0);
+    if (pool->live == 0)
+        pool_release_all(pool);
+    if (pool->live == 0 && pool->pending == 0) {
         pool_unlink(pool);
         free(pool);
     }
@@ -1670,6 +1710,12 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
+    if (strcmp(symbol, "cuCtxCreate") == 0 && version >= 11040) { /* three ABIs: _v2 from 3020, _v3, _v4 */
+        *pfn = version >= 12050 ? (void *)cuCtxCreate_v4 : (void *)cuCtxCreate_v3;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
     for (size_t k = 0; k < sizeof procs / sizeof procs[0]; k++) {
         if (strcmp(procs[k].base, symbol) != 0)
             continue;

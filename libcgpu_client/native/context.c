@@ -1,5 +1,6 @@
 /* A process's own context memory against the ledger: the primary context of each device (what the CUDA runtime,
- * PyTorch, JAX, TensorFlow and CuPy create) is measured when it is created and charged until its last release.
+ * PyTorch, JAX, TensorFlow and CuPy create) is measured when it is created and charged until its last release;
+ * a context of cuCtxCreate (each has its own memory) until cuCtxDestroy.
  *
  * How it is measured. No driver call can tell the device's free memory without a context, so the shim asks NVML
  * (the daemon's index of the GPU is NVML's) for the device's used memory just before and just after the driver
@@ -39,6 +40,26 @@ static int64_t device_used(int pos) {
     return (int64_t)m.used;
 }
 
+/* Make a context with call between two NVML readings of GPU pos (under ctx_mu, so that the shim's own creations
+ * do not overlap) and reserve the difference: out_bytes is what the ledger now holds for it (0 when nothing could
+ * be measured, or the registration is refused); past the limit undo runs and out_err is CUDA_ERROR_OUT_OF_MEMORY. */
+#define MEASURED_CREATE(pos, call, undo, out_bytes, out_err)                        \
+    do {                                                                          \
+        int64_t before_ = (pos) >= 0 ? device_used(pos) : -1;                     \
+        (out_err) = call;                                                         \
+        int64_t after_ = (out_err) == CUDA_SUCCESS && before_ >= 0 ? device_used(pos) : -1; \
+        int64_t n_ = after_ > before_ ? after_ - before_ : 0;                     \
+        (out_bytes) = n_ < CTX_CAP ? n_ : CTX_CAP;                                \
+        if ((out_err) == CUDA_SUCCESS && (out_bytes) > 0) {                       \
+            int got_ = cgpu_mem_reserve((pos), (out_bytes));                      \
+            if (got_ == 0) { /* past the limit: as if it had not been made */     \
+                undo;                                                             \
+                (out_err) = CUDA_ERROR_OUT_OF_MEMORY;                             \
+            }                                                                     \
+            (out_bytes) = got_ == 1 || got_ == -1 ? (out_bytes) : 0;              \
+        }                                                                         \
+    } while (0)
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
     if (!cgpu_env_ok || !pctx || dev < 0 || dev >= MAX_DEVICES)
@@ -51,26 +72,15 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         return r;
     }
     int pos = cgpu_device_pos(dev, -1);
-    int64_t before = pos >= 0 ? device_used(pos) : -1;
-    CUresult r = real(pctx, dev);
-    int64_t after = r == CUDA_SUCCESS && before >= 0 ? device_used(pos) : -1;
+    __typeof__(cuDevicePrimaryCtxRelease_v2) *release = REAL(cuDevicePrimaryCtxRelease_v2);
+    int64_t bytes;
+    CUresult r;
+    MEASURED_CREATE(pos, real(pctx, dev), if (release) release(dev), bytes, r);
     if (r != CUDA_SUCCESS) {
         pthread_mutex_unlock(&ctx_mu);
-        return r;
-    }
-    int64_t bytes = after > before ? after - before : 0;
-    bytes = bytes < CTX_CAP ? bytes : CTX_CAP;
-    if (bytes > 0) {
-        int got = cgpu_mem_reserve(pos, bytes);
-        if (got == 0) { /* past the limit: as if it had not been made */
-            __typeof__(cuDevicePrimaryCtxRelease_v2) *release = REAL(cuDevicePrimaryCtxRelease_v2);
-            if (release)
-                release(dev);
-            pthread_mutex_unlock(&ctx_mu);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
             *pctx = NULL;
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        bytes = got == -2 ? 0 : bytes; /* refused: the gated calls say so; the context itself is left alone */
+        return r;
     }
     ctx_of[dev].refs = 1;
     ctx_of[dev].pos = pos;
@@ -91,5 +101,40 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
         ctx_of[dev].charged = 0;
     }
     pthread_mutex_unlock(&ctx_mu);
+    return r;
+}
+
+/* A context of its own (cuCtxCreate, every version): measured as the primary one, charged until cuCtxDestroy. */
+#define CTX_CREATE(name, params, args)                                                            \
+    CUresult name params {                                                                        \
+        REAL_OR_FAIL(name);                                                                       \
+        if (!cgpu_env_ok || !pctx)                                                                \
+            return real args;                                                                     \
+        int pos = cgpu_device_pos(dev, -1);                                                       \
+        __typeof__(cuCtxDestroy_v2) *destroy = REAL(cuCtxDestroy_v2);                             \
+        int64_t bytes;                                                                            \
+        CUresult r;                                                                               \
+        pthread_mutex_lock(&ctx_mu);                                                              \
+        MEASURED_CREATE(pos, real args, if (destroy) destroy(*pctx), bytes, r);                    \
+        pthread_mutex_unlock(&ctx_mu);                                                            \
+        if (r == CUDA_SUCCESS && bytes > 0)                                                       \
+            cgpu_track((uint64_t)(uintptr_t)*pctx | CONTEXT_TAG, bytes, pos, NULL);               \
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)                                                        \
+            *pctx = NULL;                                                                         \
+        return r;                                                                                 \
+    }
+CTX_CREATE(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+CTX_CREATE(cuCtxCreate_v3, (CUcontext *pctx, CUexecAffinityParam *aff, int naff, unsigned int flags, CUdevice dev),
+           (pctx, aff, naff, flags, dev))
+CTX_CREATE(cuCtxCreate_v4, (CUcontext *pctx, CUctxCreateParams *cp, unsigned int flags, CUdevice dev),
+           (pctx, cp, flags, dev))
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    REAL_OR_FAIL(cuCtxDestroy_v2);
+    CUresult r = real(ctx);
+    int64_t bytes;
+    int pos;
+    if (r == CUDA_SUCCESS && cgpu_env_ok && cgpu_untrack((uint64_t)(uintptr_t)ctx | CONTEXT_TAG, &bytes, &pos, NULL))
+        cgpu_mem_free(pos, bytes);
     return r;
 }

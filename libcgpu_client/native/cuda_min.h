@@ -78,6 +78,8 @@ typedef struct {
 
 /* Memory that is not cuMemAlloc's: stream-ordered pools, managed memory, arrays (cuda.h, CUDA 12) */
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* cuCtxCreate_v3's; only passed through */
+typedef struct CUctxCreateParams_st CUctxCreateParams;     /* cuCtxCreate_v4's; only passed through */
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef int CUarray_format;

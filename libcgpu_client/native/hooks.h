@@ -38,7 +38,7 @@ enum { LIB_CUDA, LIB_NVML };
     MEMORY_HOOKS(X)
 
 /* The rest of the memory a process takes (pools.c, context.c, memory.c): stream-ordered pools and the
- * synchronisations at which a pool gives memory back, managed memory, arrays, the primary context. */
+ * synchronisations at which a pool gives memory back, managed memory, arrays, contexts. */
 #define MEMORY_HOOKS(X)                                                                        \
     X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 1 << 30, 0, LIB_CUDA)             \
     X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 0, 1 << 30, 1, LIB_CUDA)        \
@@ -57,7 +57,11 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 1 << 30, 0, LIB_CUDA)               \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 1 << 30, 0, LIB_CUDA)             \
     X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0, 1 << 30, 0, LIB_CUDA)           \
-    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 1 << 30, 0, LIB_CUDA)
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 1 << 30, 0, LIB_CUDA)  \
+    X(cuCtxCreate_v2, "cuCtxCreate", 3020, 11040, 0, LIB_CUDA)                                 \
+    X(cuCtxCreate_v3, "cuCtxCreate", 11040, 12050, 0, LIB_CUDA)                                \
+    X(cuCtxCreate_v4, "cuCtxCreate", 12050, 1 << 30, 0, LIB_CUDA)                              \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 1 << 30, 0, LIB_CUDA)
 
 /* driver functions the shim calls but does not interpose */
 #define HELPERS(X)                                                              \
@@ -116,6 +120,10 @@ typedef CUresult(mipmap_create_t)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIP
 typedef CUresult(mipmap_destroy_t)(CUmipmappedArray);
 typedef CUresult(primary_retain_t)(CUcontext *, CUdevice);
 typedef CUresult(primary_release_t)(CUdevice);
+typedef CUresult(ctx_create2_t)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult(ctx_create3_t)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+typedef CUresult(ctx_create4_t)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+typedef CUresult(ctx_destroy_t)(CUcontext);
 
 EXPORT init_t cuInit;
 EXPORT launch_t cuLaunchKernel, cuLaunchKernel_ptsz;
@@ -151,6 +159,10 @@ EXPORT mipmap_create_t cuMipmappedArrayCreate;
 EXPORT mipmap_destroy_t cuMipmappedArrayDestroy;
 EXPORT primary_retain_t cuDevicePrimaryCtxRetain;
 EXPORT primary_release_t cuDevicePrimaryCtxRelease_v2;
+EXPORT ctx_create2_t cuCtxCreate_v2;
+EXPORT ctx_create3_t cuCtxCreate_v3;
+EXPORT ctx_create4_t cuCtxCreate_v4;
+EXPORT ctx_destroy_t cuCtxDestroy_v2;
 
 /* The driver functions the shim only calls (HELPERS): declared for their types, never defined here. */
 CUresult cuCtxGetCurrent(CUcontext *);

@@ -151,9 +151,20 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         return r_;                                             \
     } while (0)
 
+/* cuMemFree also frees a pool's allocation (into its pool, which keeps the bytes as cuMemFreeAsync's would). */
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
     REAL_OR_FAIL(cuMemFree_v2);
-    RELEASED_FREE((uint64_t)dptr, real(dptr));
+    CUresult r = real(dptr);
+    int64_t bytes;
+    int pos;
+    void *pool = NULL;
+    if (r == CUDA_SUCCESS && cgpu_untrack((uint64_t)dptr, &bytes, &pos, &pool)) {
+        if (pool)
+            cgpu_pool_freed(pool);
+        else
+            cgpu_mem_free(pos, bytes);
+    }
+    return r;
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {

@@ -5,8 +5,10 @@
 
 #include "hooks.h"
 
-/* Keys beside device addresses (below 2^57 on every GPU): a cuMemCreate handle, an array, a mipmapped array. */
+/* Keys beside device addresses (below 2^57 on every GPU): a cuMemCreate handle, an array, a mipmapped array, a
+ * context. */
 #define HANDLE_TAG (1ULL << 63)
+#define CONTEXT_TAG (1ULL << 61)
 #define ARRAY_TAG (1ULL << 62)
 #define MIPMAP_TAG (3ULL << 62)
 
@@ -20,5 +22,7 @@ CGPU_HIDDEN CUresult cgpu_reserve_or_error(int pos, int64_t bytes);
 
 /* pools.c: give back what pools released at a synchronisation (or since the last look). */
 CGPU_HIDDEN void cgpu_pools_settle(void);
+/* pools.c: an allocation of pool `owner` (a cgpu_track owner) was freed, by cuMemFreeAsync or cuMemFree. */
+CGPU_HIDDEN void cgpu_pool_freed(void *owner);
 
 #endif

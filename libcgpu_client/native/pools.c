@@ -183,7 +183,8 @@ ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
 ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
 
 /* A freed pool allocation stays in its pool: the ledger changes only by what the pool gave back. */
-static void pool_freed(pool_rec *r) {
+void cgpu_pool_freed(void *owner) {
+    pool_rec *r = owner;
     pthread_mutex_lock(&r->mu);
     r->live--;
     if (r->destroyed && r->live == 0) { /* "released automatically once there are no more outstanding allocations" */
@@ -204,7 +205,7 @@ static void pool_freed(pool_rec *r) {
         void *owner_ = NULL;                                                                     \
         if (r_ == CUDA_SUCCESS && cgpu_untrack((uint64_t)dptr, &bytes_, &pos_, &owner_)) {        \
             if (owner_)                                                                          \
-                pool_freed(owner_);                                                              \
+                cgpu_pool_freed(owner_);                                                         \
             else                                                                                 \
                 cgpu_mem_free(pos_, bytes_); /* cuMemAlloc's memory, freed in stream order */    \
         }                                                                                        \

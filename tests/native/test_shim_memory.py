@@ -77,15 +77,17 @@ def test_the_default_pool_gives_back_at_a_synchronisation_not_at_the_free(native
                                                                           families: Path) -> None:
     """cuMemAllocAsync takes from the device's default pool (release threshold 0): cuMemFreeAsync leaves the bytes in
     the pool, and charged, until the next synchronisation (stream, then context) releases them; with a threshold
-    the pool keeps that much across synchronisations."""
+    the pool keeps that much across synchronisations, also when an allocation of it is freed with cuMemFree."""
     d = daemon_factory.start(*DAEMON)
     steps = run(native, d, families, "async=600M", "async=600M", "freeasync", "async=500M", "freeasync", "ctxsync",
-                "default=256M", "async=300M", "freeasync", "sync", CGPU_INSTANCE="dflt", CGPU_MEM_LIMIT="1GiB")
+                "default=256M", "async=300M", "freeasync", "sync", "async=100M", "poolfree", "ctxsync",
+                CGPU_INSTANCE="dflt", CGPU_MEM_LIMIT="1GiB")
     exact(steps)
     by = [(s["name"], s["rc"], int(s["ledger"]) // MIB) for s in steps]
     assert by == [("ctx", "0", 0), ("async", "0", 600), ("async", OOM, 600), ("freeasync", "0", 600),
                   ("async", "0", 600), ("freeasync", "0", 600), ("ctxsync", "0", 0), ("default", "0", 0),
-                  ("async", "0", 300), ("freeasync", "0", 300), ("sync", "0", 256)], by
+                  ("async", "0", 300), ("freeasync", "0", 300), ("sync", "0", 256), ("async", "0", 256),
+                  ("poolfree", "0", 256), ("ctxsync", "0", 256)], by
     oom_changed_nothing(steps, 2)
 
 
@@ -156,6 +158,19 @@ def test_each_process_context_is_measured_and_counted(native: Native, daemon_fac
         for h in holders:
             h.proc.kill()
             h.proc.wait()
+
+
+def test_contexts_of_cuctxcreate_are_counted_until_destroyed(native: Native, daemon_factory: type,
+                                                             families: Path) -> None:
+    """Each context cuCtxCreate makes takes its own memory (300 MiB here): the third one past a 1 GiB limit fails
+    with CUDA_ERROR_OUT_OF_MEMORY and nothing changed; cuCtxDestroy gives each back."""
+    d = daemon_factory.start(*DAEMON)
+    steps = run(native, d, families, "newctx", "newctx", "newctx", "dropctx", "dropctx", CGPU_INSTANCE="ctxs",
+                CGPU_MEM_LIMIT="1GiB", FAKECUDA_CTX_MB="300")
+    exact(steps)
+    assert [(s["rc"], int(s["ledger"]) // MIB) for s in steps] == [("0", 300), ("0", 600), ("0", 900), (OOM, 900),
+                                                                   ("0", 600), ("0", 300)], steps
+    oom_changed_nothing(steps, 3)
 
 
 @dataclass

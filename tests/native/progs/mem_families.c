@@ -11,6 +11,7 @@
  *   pool=SIZE          cuMemAllocFromPoolAsync from a pool of device 0 (cuMemPoolCreate at first use, or at threshold)
  *   async=SIZE         cuMemAllocAsync (the device's current pool: its default)
  *   freeasync          cuMemFreeAsync of every pool allocation, no synchronisation
+ *   poolfree           cuMemFree_v2 of every pool allocation
  *   sync ctxsync       cuStreamSynchronize of the stream / cuCtxSynchronize
  *   threshold=SIZE     CU_MEMPOOL_ATTR_RELEASE_THRESHOLD of the created pool (default=SIZE: of the default pool)
  *   trim=SIZE          cuMemPoolTrimTo(the created pool, SIZE)      destroy   cuMemPoolDestroy(the created pool)
@@ -19,6 +20,7 @@
  *   array3d=W,H,D      cuArray3DCreate_v2, same format      mipmap=W,H,LEVELS   cuMipmappedArrayCreate, same
  *   vmm=SIZE,WHERE     cuMemCreate at device 0 (WHERE device) or in host memory (host, numa, numacur)
  *   alloc=SIZE         cuMemAlloc_v2
+ *   newctx dropctx     cuCtxCreate_v2 on device 0 (it becomes current) / cuCtxDestroy_v2 of the last one made
  *   freeall            free everything but pool allocations (cuMemFree, cuArrayDestroy, ..., cuMemRelease)
  *   jax=FRACTION       a JAX-style preallocation: FRACTION of the total cuMemGetInfo shows, from the default pool
  *                      with its release threshold at the maximum (XLA's cuda_async allocator), allocated, freed
@@ -38,8 +40,11 @@ CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
@@ -68,6 +73,8 @@ typedef struct {
 } thing;
 static thing things[1024];
 static int nthings;
+static CUcontext made[64];
+static int nmade;
 static CUdeviceptr pooled[1024];
 static int npooled;
 
@@ -132,6 +139,11 @@ int main(int argc, char **argv) {
             r = CUDA_SUCCESS;
             for (int k = 0; k < npooled; k++)
                 r |= cuMemFreeAsync(pooled[k], stream);
+            npooled = 0;
+        } else if (strcmp(a, "poolfree") == 0) {
+            r = CUDA_SUCCESS;
+            for (int k = 0; k < npooled; k++)
+                r |= cuMemFree_v2(pooled[k]);
             npooled = 0;
         } else if (strcmp(a, "sync") == 0) {
             r = cuStreamSynchronize(stream);
@@ -200,6 +212,13 @@ int main(int argc, char **argv) {
             if (r == CUDA_SUCCESS)
                 r = cuStreamSynchronize(stream);
             snprintf(extra, sizeof extra, "total=%zu bytes=%zu ", total, want);
+        } else if (strcmp(a, "newctx") == 0) {
+            CUcontext c = NULL;
+            r = cuCtxCreate_v2(&c, 0, 0);
+            if (r == CUDA_SUCCESS && nmade < 64)
+                made[nmade++] = c;
+        } else if (strcmp(a, "dropctx") == 0) {
+            r = nmade ? cuCtxDestroy_v2(made[--nmade]) : CUDA_ERROR_INVALID_CONTEXT;
         } else if (strcmp(a, "ready") == 0) {
             r = CUDA_SUCCESS;
         } else if (strcmp(a, "sleep") == 0) {
@@ -212,5 +231,6 @@ int main(int argc, char **argv) {
         report(a, r);
     }
     cuCtxSynchronize(); /* pool frees reach their pools before the process ends */
+    cuStreamDestroy_v2(stream);
     return 0;
 }
