@@ -25,6 +25,8 @@
  *   jax=FRACTION       a JAX-style preallocation: FRACTION of the total cuMemGetInfo shows, from the default pool
  *                      with its release threshold at the maximum (XLA's cuda_async allocator), allocated, freed
  *                      into the pool and synchronised; prints total= and bytes= too
+ *   churn=N,SIZE       N cuMemAllocAsync + cuMemFreeAsync pairs of SIZE on the stream, then a synchronisation;
+ *                      prints ns= per pair (what the pool accounting costs when the pool has room)
  *   ready sleep=MS
  * SIZE: bytes, or with K/M/G (binary). The context is device 0's primary context; "ctx" is printed first. */
 #define _GNU_SOURCE
@@ -32,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_min.h"
@@ -219,6 +222,21 @@ int main(int argc, char **argv) {
                 made[nmade++] = c;
         } else if (strcmp(a, "dropctx") == 0) {
             r = nmade ? cuCtxDestroy_v2(made[--nmade]) : CUDA_ERROR_INVALID_CONTEXT;
+        } else if (strcmp(a, "churn") == 0) {
+            struct timespec t0, t1;
+            size_t size = size_of(second);
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            r = CUDA_SUCCESS;
+            for (size_t k = 0; k < n && r == CUDA_SUCCESS; k++) {
+                r = cuMemAllocAsync(&p, size, stream);
+                if (r == CUDA_SUCCESS)
+                    r = cuMemFreeAsync(p, stream);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (r == CUDA_SUCCESS)
+                r = cuStreamSynchronize(stream);
+            double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+            snprintf(extra, sizeof extra, "ns=%.0f ", n ? ns / (double)n : 0.0);
         } else if (strcmp(a, "ready") == 0) {
             r = CUDA_SUCCESS;
         } else if (strcmp(a, "sleep") == 0) {
