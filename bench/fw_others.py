@@ -59,7 +59,8 @@ def jax_loop(args: argparse.Namespace) -> Callable[[], Built]:
             return go
 
         stats = dev.memory_stats() or {}
-        memory = {"bytes_limit": stats.get("bytes_limit"),
+        # bytes_limit may be the growable pool's cap; pool_bytes (else bytes_reserved) what it took
+        memory = {**{k: stats.get(k) for k in ("bytes_limit", "pool_bytes", "bytes_reserved", "bytes_in_use")},
                   "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true (default)"),
                   "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "default (0.75)")}
         return Built({"matmul": Variant(step, "GFLOP", MATMULS * 2 * N**3 / 1e9)}, memory)

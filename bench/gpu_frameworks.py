@@ -57,7 +57,8 @@ class Spec:
     needs: str  # the module that must import (in a child), with PyTorch on the GPU for torch's
     x_s: float = 2.0  # each tenant alone (s)
     p_s: float = 5.0  # the pair (s)
-    start_s: float = 60.0  # what its start and warm-up may take (s)
+    start_s: float = 60.0  # what its start and warm-up take (s): the budget's estimate
+    ready_s: float = 150.0  # the most its six workers' imports, contexts and warm-ups at once may take (s)
     stand_in: tuple[float, int, bool] | None = None  # (kernel ms, kernels a batch, as a graph): the CUDA job program
     memsize_frac: float = 0.0  # cgpu: each instance's memsize, a fraction of the GPU's memory (0: none)
     env: dict[str, str] = field(default_factory=dict)  # every sitting
@@ -75,7 +76,7 @@ SPECS = {
     "jax": Spec("a jitted chain of 4096x4096 float32 matrix products (JAX on CUDA, default preallocation)", "jax",
                 ("matmul",), "jax", memsize_frac=0.25,
                 env={"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
-                unset=("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"),
+                unset=("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"),
                 plain_env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.35"}),
     "cupy": Spec("a CuPy RawKernel launched 20 times a step", "cupy", ("kernels",), "cupy", start_s=45.0),
 }
@@ -87,10 +88,16 @@ def estimate_s(spec: Spec, c: bool) -> float:
     return (5.0 if c else spec.start_s / 2) + len(spec.variants) * per_variant
 
 
+# what must run in a child for a framework to be usable on the GPU, beyond its import
+PROBES = {"jax": "import jax; jax.devices('cuda')", "cupy": "import cupy; assert cupy.cuda.runtime.getDeviceCount()"}
+
+
 @functools.cache
 def importable(module: str) -> str:
-    """'' where ``module`` imports in a child, else why not (its last line)."""
-    r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    """'' where ``module`` imports in a child and reaches the GPU (PROBES), else why not (its last line)."""
+    code = PROBES.get(module, f"import {module}")
+    env = {**os.environ, "JAX_PLATFORMS": "cuda"} if module == "jax" else None
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     return "" if r.returncode == 0 else (lines[-1][-160:] if lines else f"exit {r.returncode}")
 
@@ -170,8 +177,9 @@ class FrameworkPart:
         self.figures.update(rows=self.rows, notes=self.notes)
         mps = Mps(self.proof.tmp / f"mps-{self.name}", {**os.environ, **self.proof.env})
         sittings = {m: Sitting(m, {"A": f"fw-{self.name}-a", "B": f"fw-{self.name}-b"}) for m in MODES}
-        if mps.binary is None:
-            self.notes.append("MPS: skipped: nvidia-cuda-mps-control is not on this host")
+        if mps.binary is None or self.proof.mps_unavailable:  # found once: not tried again
+            why = "nvidia-cuda-mps-control is not on this host" if mps.binary is None else self.proof.mps_unavailable
+            self.notes.append(f"MPS: skipped: {why}")
             del sittings["mps"]
         if "cgpu" in sittings:
             self.provision(sittings["cgpu"].names)
@@ -214,6 +222,7 @@ class FrameworkPart:
             self.measure(s, mps)
         except MpsUnavailable as exc:
             self.notes.append(f"{label}: skipped: {exc}")
+            self.proof.mps_unavailable = f"{exc} (in the {self.name} part)"
         except Exception as exc:  # the sitting's one line (its tenants' stderr kept); the next sitting runs
             kept = keep_stderr(self.proof, list(s.workers.values()))
             self.notes.append(f"{label}: failed: {exc.__class__.__name__}: {exc}"[:400]
@@ -231,7 +240,8 @@ class FrameworkPart:
             kernel_ms, batch, _ = self.spec.stand_in or (1.0, 1, False)
             step = {v: kernel_ms * batch / 1000 for v in self.spec.variants}
         else:
-            deadline = time.monotonic() + min(self.spec.start_s, max(10.0, proof.left_s() - 30))
+            wait_s = max(self.spec.ready_s, self.spec.start_s)
+            deadline = time.monotonic() + min(wait_s, max(10.0, proof.left_s() - 30))
             for w in s.workers.values():
                 w.init()
             for who, w in s.workers.items():
@@ -262,8 +272,9 @@ class FrameworkPart:
         else:
             for who, w in s.workers.items():
                 w.go(plan_of(who, windows))
-        events.run()
-        deadline = time.monotonic() + 60 + 2 * max(step.values())
+        events.run()  # returns at once where no events are planned (time-slicing, MPS): wait from the windows' end
+        end_s = windows[-1].run[1] / 1e9  # time.monotonic_ns and time.monotonic share CLOCK_MONOTONIC
+        deadline = max(time.monotonic(), end_s) + 60 + 2 * max(step.values())
         done = {who: w.done(deadline) for who, w in s.workers.items()}
         self.rows += self.rows_of(s, windows, done, bills)
         self.figures.setdefault("start_s", {})[s.mode] = round(started, 1)
@@ -325,11 +336,12 @@ class FrameworkPart:
             if self.spec.workload == "jax" and s.info:
                 row["memory"] = {who: i.get("memory") for who, i in s.info.items()}
             if self.memsize and s.mode == "cgpu" and not self.c:  # the pool it took, of the limit it was shown
-                took = [(i.get("memory") or {}).get("bytes_limit") for i in s.info.values()]
+                mem = [i.get("memory") or {} for i in s.info.values()]
+                took = [m.get("pool_bytes") or m.get("bytes_reserved") or m.get("bytes_limit") for m in mem]
                 row["prealloc_pct_of_limit"] = [round(100 * t / self.memsize, 1) if t else None for t in took]
                 self.notes.append(f"{LABEL[s.mode]}: each instance's memsize {self.memsize / 2**30:.1f} GiB; the pool "
-                                  f"JAX preallocated (bytes_limit), % of it: A {row['prealloc_pct_of_limit'][0]}, "
-                                  f"B {row['prealloc_pct_of_limit'][-1]}")
+                                  f"JAX took (pool_bytes, else bytes_reserved, else bytes_limit), % of it: "
+                                  f"A {row['prealloc_pct_of_limit'][0]}, B {row['prealloc_pct_of_limit'][-1]}")
             rows.append(row)
         return rows
 

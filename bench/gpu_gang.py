@@ -29,6 +29,9 @@ TENANTS = {0: "proof-gang-t0", 1: "proof-gang-t1"}
 NCCL = "import sys, torch, torch.distributed as d; sys.exit(0 if d.is_nccl_available() else 1)"
 
 
+NEEDS_S = 90.0  # two ranks' start-up and NCCL's, its windows alone and beside the tenants
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -42,6 +45,8 @@ def run(proof: Any, figures: dict[str, Any]) -> None:
         raise Skip(f"{gpus} GPU here: a job across GPUs needs two or more")
     if proof.fake or not torch_cuda():
         raise Skip("needs PyTorch with CUDA and NCCL")
+    if proof.left_s() < NEEDS_S:
+        raise Skip(f"{proof.left_s():.0f} s of the budget left, it may need {NEEDS_S:.0f} s")
     if subprocess.run([sys.executable, "-c", NCCL], capture_output=True, timeout=120).returncode != 0:
         raise Skip("PyTorch here has no NCCL")
     proof.provision(JOB, gpu="0,1", weight=1)

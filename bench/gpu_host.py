@@ -86,13 +86,14 @@ def by_name(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
     return {x["name"]: x for x in rows}
 
 
-# PyTorch under a 1 GiB limit: the total it sees, and whether 768 + 512 MiB raises its out-of-memory error
+# PyTorch under a 2 GiB limit (its context charged too): the total it sees, and whether 1 GiB + 1200 MiB raises its
+# out-of-memory error
 TORCH_MEMORY = (
     "import json, torch\n"
     "free, total = torch.cuda.mem_get_info()\n"
-    "a = torch.empty(768 << 20, dtype=torch.uint8, device='cuda')\n"
+    "a = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"
     "try:\n"
-    "    b = torch.empty(512 << 20, dtype=torch.uint8, device='cuda'); oom = False\n"
+    "    b = torch.empty(1200 << 20, dtype=torch.uint8, device='cuda'); oom = False\n"
     "except torch.cuda.OutOfMemoryError:\n"
     "    oom = True\n"
     "print(json.dumps({'total': total, 'oom': oom}))\n"

@@ -44,7 +44,7 @@ def run(proof: Any, figures: dict[str, Any]) -> None:
                 workers[who] = PyWorker(f"limit-{who}", prefix(who), "resnet", ["--variants", variant], env,
                                         proof.tmp, ROOT)
                 workers[who].init()
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + min(120, max(30, proof.left_s() - 30))
             step = max(w.ready(deadline)["variants"][variant]["step_s"] for w in workers.values())
             x_s, p_s = 3.0, 5.0
         else:

@@ -67,11 +67,19 @@ class Mps:
             raise MpsUnavailable("nvidia-cuda-mps-control is not on this host")
         self.pipe.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([self.binary, "-d"], env=self.env, capture_output=True, text=True, timeout=timeout)
+        out_path = self.logs / "start.out"
+        with open(out_path, "w") as out:  # a file, not a pipe: a daemon that kept a pipe open would hang the run
+            self.started = True  # from here stop() quits whatever may have started
+            try:
+                r = subprocess.run([self.binary, "-d"], env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise MpsUnavailable(f"nvidia-cuda-mps-control -d did not return in {timeout:g} s") from None
         if r.returncode != 0:
+            self.stop()
             raise MpsUnavailable(f"nvidia-cuda-mps-control -d exited with {r.returncode}: "
-                                 f"{(r.stderr or r.stdout).strip()[-200:]}")
-        self.started = True
+                                 f"{out_path.read_text(errors='replace').strip()[-200:]}")
         proc = subprocess.Popen(probe, env={**self.env, **self.client_env(100)}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:

@@ -89,6 +89,7 @@ def test_the_whole_proof_runs_on_the_fake_driver(tmp_path: Path) -> None:
     mem = parts["memory"]["figures"]
     assert all(mem[k] is True for k in ("total_is_the_limit", "within_the_limit", "past_the_limit_refused",
                                         "held_while_running", "back_to_0_after_kill_9"))
+    assert mem["context_charged_mib"] == 300  # the fake's context footprint (FAKECUDA_CTX_MB), charged by the shim
     # 1:2 through the shim, counted in kernel work: the fake driver runs each kernel as a CPU spin of its length,
     # on two cores the suite's other workers share (1.72 and 2.38 have been read there): the proof's --fake bound
     assert 1.5 <= parts["cuda_ratio"]["figures"]["ratio"] <= 2.7
