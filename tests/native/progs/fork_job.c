@@ -1,7 +1,8 @@
 /* A parent that asks NVML about the GPU (which starts libcgpu.so's connection: the process registers) and then
  * fork()s a child that uses CUDA, as a server that checks its GPUs and then forks its workers does. CUDA is first
- * initialised in the child: a child may not use CUDA its parent initialised (the CUDA C Programming Guide,
- * "Initialization"), so the parent does not call cuInit before the fork.
+ * initialised in the child: CUDA carries none of its state or threads into a child made by fork(), and a child may
+ * not use CUDA its parent initialised (PyTorch says "Cannot re-initialize CUDA in forked subprocess"), so the
+ * parent does not call cuInit before the fork.
  *
  *   fork_job ALLOC1 ALLOC2 MS END_NS HOLD_MS
  *
