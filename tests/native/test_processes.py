@@ -48,7 +48,7 @@ def test_two_processes_of_one_instance_beside_another_at_1_1_get_half(native: Na
     3 %, not twice b's (one turn each per round, whatever the process count), and a's kernels never run while
     b's do. a's GPU time (its processes' kernels, side by side in its turns) is b's within 15 %: beside each
     other a's two processes leave fewer gaps in its turns than b's one does between its sync and its next launch
-    (read 1.05-1.12 here, where a turn per process would read 2)."""
+    (read 1.02-1.12 here, where a turn per process would read 2)."""
     d = daemon_factory.start(*DAEMON, "--policy", "2", "--slice-ms", "20")
     tr = short_tmp / "trace"
     start, end = at(1.0), at(8.0)
