@@ -2,6 +2,7 @@
 
     python -m bench.fidelity [--json] [--sizes 0.5,5] [--workloads loop,sync] [--native] [--only NAME[,NAME]]
                              [--no-results]
+    python -m bench.fidelity --native --workloads resnet-pattern
 
 A real arbiterd at its defaults (``--sim-gpus 1x16GiB --identity declared``: slice_ms auto) and tenants
 under ``cgpu-run --device cpu`` running torch operators of about 0.5 ms and 5 ms (bench/fidelity_worker.py);
@@ -12,7 +13,9 @@ ends every operation in a synchronising read (``.item()``); it runs the 1:2 row 
 aggregates are compared (high priority's preemptions must cost no more than the weighted policy's hand-overs):
 in either workload those two rows run side by side, cycle by cycle in turn. The output ends with
 ``max_share_error_pp=<n> min_aggregate_pct=<n> max_ratio_error_pct=<n> pinned5_ratio_error_pct=<n>
-hp_aggregate_gap_pp=<n>``.
+hp_aggregate_gap_pp=<n>``. ``--native --workloads resnet-pattern`` runs those two rows with ResNet-50's launch
+pattern (bench/fidelity_run.py: 160 kernels of 75 µs queued at once, then a sync), reporting beside the 1:2 row's
+work ratio the daemon's held (useful) time ratio over the same runs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from typing import Any
 
 from bench import results
 from bench.fidelity_run import (
+    PATTERN_KERNEL_MS,
+    PATTERN_KERNELS,
+    SPIN_BATCH,
     NativeTarget,
     NativeTenants,
     TorchTenants,
@@ -45,6 +51,7 @@ from cgpu_testing.tools import ROOT
 TARGETS = {"max_share_error_pp": 3.0, "min_aggregate_pct": 95.0, "max_ratio_error_pct": 2.5,
            "pinned5_ratio_error_pct": 2.5, "hp_aggregate_gap_pp": 1.0}
 HP_PAIR = ("p2_1_2", "hp60_beside_normal")  # hp_aggregate_gap_pp: the first's aggregate less the second's
+PATTERN = "resnet-pattern"  # --native --workloads: ResNet-50's launch pattern (issue 49's 2.111)
 
 
 @dataclass(frozen=True)
@@ -262,6 +269,10 @@ class RowRun:
             out["ratio"] = round(math.exp(statistics.mean(log_ratios)), 4)
             out["cycles_ratio"] = [round(math.exp(x), 3) for x in log_ratios]
             out["ratio_se_pct"] = round(100 * std_error(log_ratios), 2)  # of the mean log-ratio: about %
+            # the daemon's view of the same runs: useful (held less hand-over) time, weight 2's over weight 1's
+            heavy, light = (max(self.busy, key=lambda t: t.weight), min(self.busy, key=lambda t: t.weight))
+            held = [books.get(f"{t.name}.delivered_pct", 0.0) for t in (heavy, light)]
+            out["held_ratio"] = round(held[0] / held[1], 4) if held[1] else 0.0
         return out
 
 
@@ -420,7 +431,8 @@ def table(kind: str, size: str, rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         settings = ", ".join(f"{k} {v}" for k, v in r["settings"].items() if ROW_DEFAULTS.get(k) != v)
         for t in r["tenants"]:
-            ratio = f"{r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r and t is r["tenants"][0] else ""
+            ratio = (f"{r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} % (held {r['held_ratio']:.3f})"
+                     if "ratio" in r and t is r["tenants"][0] else "")
             agg = f"{r['aggregate_pct']:.1f}" if t is r["tenants"][0] else ""
             runs = f"{r['cycles']} ({r['repeated']})" if t is r["tenants"][0] else ""
             lines.append(f"| {kind} {size} | {r['row']} | {r['policy']} | {settings or 'defaults'} | "
@@ -451,7 +463,8 @@ def describe(label: str, row: Row, r: dict[str, Any]) -> str:
     return (f"{label:>26} {row.name:22} slice {r['slice_in_force_ms']:g} ms, hand-over "
             f"{r['handover_ms']:.2f} ms ({r['handover_transit_ms']:.2f} transit + "
             f"{r['handover_warmup_ms']:.2f} warm-up): {shares} sum {r['aggregate_pct']:.1f}"
-            + (f" ratio {r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} %" if "ratio" in r else "")
+            + (f" ratio {r['ratio']:.3f} ± {r['ratio_se_pct']:.1f} % (held {r['held_ratio']:.3f})" if "ratio" in r
+               else "")
             + (f"; grant wait p50 / p99 ms: {waits}" if waits else "")
             + f" ({r['cycles']} cycles: {excl}" + (f"; {r['repeated']} run again" if r["repeated"] else "") + ")")
 
@@ -475,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="0.5,5", help="operation (or kernel) lengths in ms (default 0.5,5)")
     p.add_argument("--workloads", default="loop,sync", help="torch workloads (default loop,sync): loop runs "
                    "every row; sync, whose operations end in a synchronising read (.item()), runs the 1:2 and the "
-                   "high-priority rows")
+                   "high-priority rows. With --native: loop (the default), and resnet-pattern: ResNet-50's launch "
+                   f"pattern ({PATTERN_KERNELS} kernels of {PATTERN_KERNEL_MS} ms queued at once, then a sync), "
+                   "in the rows sync runs, once whatever --sizes says")
     p.add_argument("--native", action="store_true", help="C programs through libcgpu.so instead of torch")
     p.add_argument("--only", help="run only these rows (comma-separated): a name that is a row's runs that row, "
                    "any other the rows whose name contains it")
@@ -497,9 +512,13 @@ def main(argv: list[str] | None = None) -> int:
                    "target after its cycles runs more, up to this many times as many (default 2; 1: never)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
-    workloads = ["loop"] if args.native else args.workloads.split(",")
-    if not set(workloads) <= {"loop", "sync"}:
-        p.error(f"--workloads takes loop and sync, not {args.workloads}")
+    workloads = args.workloads.split(",")
+    allowed = ["loop", "sync", PATTERN] if args.native else ["loop", "sync"]
+    if not set(workloads) <= set(allowed):
+        p.error(f"--workloads takes {', '.join(allowed)}{'' if args.native else f' ({PATTERN} with --native)'}, "
+                f"not {args.workloads}")
+    if args.native:  # sync is torch's: the native loop already waits for each batch
+        workloads = [w for w in workloads if w != "sync"] or ["loop"]
     for flag, n in (("--ratio-cycles", args.ratio_cycles), ("--pinned-cycles", args.pinned_cycles)):
         if n < 4 or n % 4:
             p.error(f"{flag} must be a multiple of 4 (whole ABBA blocks), not {n}")
@@ -518,19 +537,26 @@ def main(argv: list[str] | None = None) -> int:
     rows_out: list[dict[str, Any]] = []
     lines: list[str] = []
     controls: list[str] = []  # the machine's own loss in policy 0's turns, no cgpu (duty_control)
-    for size in args.sizes.split(","):
-        ms = float(size)
+    # each size with its workloads, on a daemon of its own; the ResNet-50 pattern once, on its own
+    passes = [(size, [w for w in workloads if w != PATTERN]) for size in args.sizes.split(",")]
+    passes = [(size, ws) for size, ws in passes if ws] + ([(PATTERN, [PATTERN])] if PATTERN in workloads else [])
+    for size, pass_workloads in passes:
+        ms = PATTERN_KERNEL_MS if size == PATTERN else float(size)
         with start_daemon(tmp / f"d-{size}", real_gpu=where is not None and where.real_gpu) as daemon:
             matmul = 0 if args.native else calibrate(ms, args.threads)
-            for workload in workloads:
-                sync = workload == "sync"
+            for workload in pass_workloads:
+                sync = workload in ("sync", PATTERN)  # the pattern runs the rows sync runs
                 tenants_of: Callable[[Row], NativeTenants | TorchTenants]
                 if args.native:
                     assert where is not None
-                    def native_of(row: Row, ms: float = ms, where: NativeTarget = where) -> NativeTenants:
-                        return NativeTenants(where, daemon, row, ms, tmp)
+                    batch = PATTERN_KERNELS if workload == PATTERN else SPIN_BATCH
+
+                    def native_of(row: Row, ms: float = ms, where: NativeTarget = where,
+                                  batch: int = batch) -> NativeTenants:
+                        return NativeTenants(where, daemon, row, ms, tmp, batch)
                     tenants_of = native_of
-                    label = f"{ms:g} ms kernels"
+                    label = (f"ResNet-50 pattern ({PATTERN_KERNELS} x {ms:g} ms + sync)" if workload == PATTERN
+                             else f"{ms:g} ms kernels")
                 else:
                     def torch_of(row: Row, matmul: int = matmul, sync: bool = sync) -> TorchTenants:
                         return TorchTenants(daemon, row, matmul, args.threads, sync)
@@ -555,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                     if row.policy == 0 and not args.native:  # in the same spell of the machine as the row
                         controls.append(control(outs[0], matmul, ms, args.threads))
                 order = [row.name for row in ROWS]
-                lines += table(kind, f"{ms:g} ms{' sync' if sync else ''}",
+                heading = "ResNet-50 pattern" if workload == PATTERN else f"{ms:g} ms{' sync' if sync else ''}"
+                lines += table(kind, heading,
                                sorted((r for r in rows_out if r["size_ms"] == ms and r["workload"] == workload),
                                       key=lambda r: order.index(r["row"])))
     summ = summary(rows_out)
@@ -585,7 +612,12 @@ def main(argv: list[str] | None = None) -> int:
                 "entitled and delivered (useful) % of the time, and delivered less owed (entitled while the "
                 "tenant had demand), in points; then each tenant's grant wait over the daemon's last minute at the "
                 "row's end (a high-priority tenant's is its preemption delay). The sync workload ends each "
-                "operation in a synchronising read (`.item()`).", "",
+                "operation in a synchronising read (`.item()`). A ratio's `held` is the daemon's: weight 2's useful "
+                "time over weight 1's in the same runs."
+                + (f" The ResNet-50 pattern: {PATTERN_KERNELS} kernels of {PATTERN_KERNEL_MS} ms queued at once, "
+                   "then a stream sync, again and again (an iteration of ResNet-50 at batch 64 on an H100 is about "
+                   "160 kernels and 12 ms); the unit of work is the kernel." if PATTERN in workloads else ""),
+                "",
                 "| tenants | row | policy | settings | slice in force / hand-over: transit + warm-up (ms) | tenant | "
                 "target % | "
                 "share % | error pp | sum % | ratio | daemon: entitled % | delivered % | error pp | "
@@ -599,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
                       "apart (that row's turns), took this much longer per operation, past each turn's first "
                       "10 ms, than running on; a tenant that waits out three slots of four loses that much of its "
                       "share on this machine whatever the daemon does: " + "; ".join(controls) + "."]
-        results.update(f"fidelity-{kind}", cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
+        # the pattern alone has a section of its own, beside the rows of every size
+        section = f"fidelity-{kind}" + (f"-{PATTERN}" if workloads == [PATTERN] else "")
+        results.update(section, cmd.strip(), "\n".join(head + lines) + f"\n\n{summary_line}\n")
     print(noise(rows_out))
     print(summary_line)
     return 0 if ok else 1

@@ -25,6 +25,10 @@ from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.tools import ROOT, tool
 
 SPIN_BATCH = 4  # kernels queued at once by a native tenant
+# ResNet-50's launch pattern as issue 49 measured it on an H100 (bench.fidelity --native --workloads resnet-pattern):
+# an iteration is about 160 kernels summing to about 12 ms, queued at once, with a sync at its end
+PATTERN_KERNELS = 160
+PATTERN_KERNEL_MS = 0.075
 # glibc malloc's thresholds fixed, so freed tensors stay in the heap: with its self-adjusting defaults a
 # process may hand them back to the kernel and fault them in again every operation, and its speed jumps
 STEADY_MALLOC = "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=268435456"
@@ -237,9 +241,13 @@ def native_target(tmp: Path) -> NativeTarget | None:
 
 
 class NativeTenants(_Tenants):
-    def __init__(self, where: NativeTarget, daemon: DaemonProc, row: RowLike, ms: float, tmp: Path) -> None:
+    """``batch`` kernels of ``ms`` queued at once, then a stream sync, again and again (SPIN_BATCH; the ResNet-50
+    pattern is PATTERN_KERNELS of PATTERN_KERNEL_MS)."""
+
+    def __init__(self, where: NativeTarget, daemon: DaemonProc, row: RowLike, ms: float, tmp: Path,
+                 batch: int = SPIN_BATCH) -> None:
         super().__init__(daemon, row)
-        self.where, self.ms, self.kernel_ns = where, ms, int(ms * 1e6)
+        self.where, self.ms, self.kernel_ns, self.batch = where, ms, int(ms * 1e6), batch
 
     def command(self, t: TenantLike) -> tuple[list[str], dict[str, str]]:
         env = {"LD_PRELOAD": str(self.where.shim), "CGPU_NATIVE": "1", "CGPU_SOCKET": self.daemon.sock,
@@ -247,17 +255,19 @@ class NativeTenants(_Tenants):
                "ALIYUN_COM_GPU_HIGH_PRIO": "1" if t.highprio else "0"}
         if self.where.fakes is not None:
             env["LD_LIBRARY_PATH"] = str(self.where.fakes)
-        return [str(self.where.job), f"serve={self.ms},{SPIN_BATCH}"], env
+        return [str(self.where.job), f"serve={self.ms},{self.batch}"], env
 
     def ends(self, name: str) -> list[int]:
         """A batch of kernels finished at each time: one end per kernel, spread over the batch."""
         out = []
         for t in super().ends(name):
-            out += [t - k * self.kernel_ns for k in range(SPIN_BATCH)]
+            out += [t - k * self.kernel_ns for k in range(self.batch)]
         return sorted(out)
 
     def leases(self, name: str) -> list[tuple[int, int]]:
         """Turn starts, seen from the program: a batch that ended after a gap (another tenant's turn)."""
         ends = super().ends(name)
-        gap = 2 * SPIN_BATCH * self.kernel_ns
+        # past two batches apart (another tenant's turn between); a long batch (the ResNet-50 pattern's 12 ms), past
+        # one and a half: a turn of the other tenant is longer than half a batch
+        gap = (2 if self.batch == SPIN_BATCH else 1.5) * self.batch * self.kernel_ns
         return [(b, b) for a, b in itertools.pairwise(ends) if b - a > gap]

@@ -22,6 +22,7 @@ workload is on) over the run: the target the measured share is compared with.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class SimInstance:
     highprio: bool = False
     workload: Workload = field(default_factory=busy)
     clients: int = 1
+    # more clients of the instance, each with a workload of its own (a second process that works in bursts, say)
+    others: tuple[Workload, ...] = ()
     warm_ns: int = 0  # this instance's warm-up on top of the hand-over's (a process slow to get going)
     # a lying client: warm-up it claims on every release on top of what it lost, and transit it claims (the
     # time it says it held the lease is short by this much)
@@ -176,8 +179,9 @@ class Simulation:
         ids = itertools.count(1)
         for inst in instances:
             self.sched.add_instance(inst.name, inst.weight, inst.highprio, 0, limit=inst.limit)
-            for _ in range(inst.clients):
-                c = _Client(next(ids), inst)
+            kinds = [inst] * inst.clients + [dataclasses.replace(inst, workload=w, others=()) for w in inst.others]
+            for kind in kinds:
+                c = _Client(next(ids), kind)
                 self.clients[c.cid] = c
 
     # event plumbing

@@ -113,6 +113,11 @@ class Lease:
     extension_ns: int = 0  # the expected hand-over added to its length, so the turn holds its useful time
     nominal_ns: int | None = None  # set while extended: where the lease would have ended
     renewal: bool = False  # granted to the instance whose lease ended in the same step: nothing changed hands
+    # the clients that have held it since it began (not those of its instance that joined it later, nor one that
+    # gave it back and came back), and the last word of one of them on giving it back, (when, used_ns, warmup_ns):
+    # what measures its hand-over (scheduler.release)
+    starters: set[int] = field(default_factory=set)
+    report: tuple[int, int, int] | None = None
 
     def cutoff(self, overrun_ns: int) -> int:
         """When its holders are cut off: ``overrun_ns`` past its deadline, or past its revoke."""
@@ -226,7 +231,8 @@ class Runqueue:
         ended = self.last_ended
         lease = Lease(self.next_lease_id(), inst, set(inst.waiters), now, deadline, owner, highprio=highprio,
                       ring=ring, prepaid_ns=prepaid, extension_ns=extension,
-                      renewal=ended is not None and ended[0] is inst and ended[1] == now)
+                      renewal=ended is not None and ended[0] is inst and ended[1] == now,
+                      starters=set(inst.waiters))
         waiting = sorted(inst.waiters.items()) if len(inst.waiters) > 1 else inst.waiters.items()
         effects: list[Effect] = [GrantLease(c, self.index, lease.id, deadline, now - t) for c, t in waiting]
         for _, t in waiting:

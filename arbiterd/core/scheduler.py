@@ -255,9 +255,14 @@ class GpuScheduler(SettingWrites):
         for lease in self._leases_of(client):
             if lease.id == lease_id:
                 # a lease of one client alone (native) runs beside the others and hands nothing over: billed what
-                # it held
-                if used_ns is not None and len(lease.clients) == 1 and lease.client is None:
-                    self._measure(lease, now, used_ns, warmup_ns or 0)
+                # it held. A shared one is measured, as it ends, by the word of the last of the clients granted it
+                # at its start to give it back: one that joined later (another process of the instance) saw it only
+                # from then, and its word would make the time before a hand-over
+                if lease.client is None:
+                    if used_ns is not None and client in lease.starters:
+                        lease.report = (now, used_ns, warmup_ns or 0)
+                    if len(lease.clients) == 1 and lease.report is not None:
+                        self._measure(lease, *lease.report)
                 self._drop_holder(lease, client, now)
                 current = True
         if not current and not again:
@@ -346,6 +351,7 @@ class GpuScheduler(SettingWrites):
 
     def _drop_holder(self, lease: Lease, client: int, now: int) -> None:
         lease.clients.discard(client)
+        lease.starters.discard(client)
         if not lease.clients:
             self._end_lease(lease, now)
 

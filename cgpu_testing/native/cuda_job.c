@@ -16,6 +16,14 @@
  *   capture=N,MS                                   with the lease held (a kernel run first), capture N kernels of
  *                                                  1 ms in global mode, idle MS inside the capture, end it, then
  *                                                  replay the graph; prints the end's and the replay's rc
+ *   xcapture=N,MS,R                                a second thread launches 1 ms kernels on a stream of its own
+ *                                                  (each followed by a stream sync) while this one captures N
+ *                                                  kernels of 1 ms in global mode and idles MS inside the capture
+ *                                                  (the second thread's lease ends meanwhile: the shim syncs and
+ *                                                  waits for its next turn); then the graph is replayed R times,
+ *                                                  each a launch and a stream sync. Prints the end's rc, the first
+ *                                                  failing replay's rc (0: none), and how many of the second
+ *                                                  thread's launches waited 2 ms or more (a lease ended)
  *   sleep=MS  ready
  *   serve=MS,BATCH                                 on stdin commands: run (BATCH kernels of MS, a stream
  *                                                  sync, again), pause, dump PATH (batch end times, JSON), quit
@@ -305,6 +313,64 @@ static void serve(double ms, int batch, CUcontext ctx) {
     free(S.ends);
 }
 
+/* xcapture: a thread that launches and syncs on a stream of its own while the main thread captures */
+static struct {
+    _Atomic int stop;
+    CUcontext ctx;
+    long waits, launches;
+} X;
+
+static void *xcapture_other(void *arg) {
+    (void)arg;
+    CUstream own;
+    uint64_t one = 1000000;
+    void *params[] = {&one};
+    CHECK(api.cuCtxSetCurrent(X.ctx));
+    CHECK(api.cuStreamCreate(&own, 0));
+    while (!X.stop) {
+        int64_t t = now_ns();
+        CHECK(api.cuLaunchKernel(spin_fn, 1, 1, 1, 1, 1, 1, 0, own, params, NULL));
+        X.waits += now_ns() - t >= 2000000; /* the launch waited: the lease had ended, and the next one came */
+        X.launches++;
+        CHECK(api.cuStreamSynchronize(own));
+    }
+    CHECK(api.cuStreamDestroy_v2(own));
+    return NULL;
+}
+
+static void xcapture(int n, double ms, int replays, CUcontext ctx) {
+    uint64_t one = 1000000;
+    CHECK(launch_one(spin_fn, &one));
+    CHECK(api.cuStreamSynchronize(stream));
+    X.stop = 0;
+    X.ctx = ctx;
+    pthread_t t;
+    if (pthread_create(&t, NULL, xcapture_other, NULL) != 0)
+        exit(5);
+    CUgraph g = NULL;
+    CUgraphExec exec = NULL;
+    CHECK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int k = 0; k < n; k++)
+        launch_one(spin_fn, &one);
+    usleep((useconds_t)(ms * 1000));
+    CUresult end = api.cuStreamEndCapture(stream, &g), replay = CUDA_ERROR_INVALID_VALUE;
+    X.stop = 1;
+    pthread_join(t, NULL);
+    if (end == CUDA_SUCCESS && api.cuGraphInstantiateWithFlags(&exec, g, 0) == CUDA_SUCCESS) {
+        replay = CUDA_SUCCESS;
+        for (int k = 0; k < replays && replay == CUDA_SUCCESS; k++) {
+            replay = api.cuGraphLaunch(exec, stream);
+            if (replay == CUDA_SUCCESS)
+                replay = api.cuStreamSynchronize(stream);
+        }
+        CHECK(api.cuGraphExecDestroy(exec));
+    }
+    if (g)
+        CHECK(api.cuGraphDestroy(g));
+    printf("xcapture end_rc=%d replay_rc=%d other_waits=%ld other_launches=%ld\n", end, replay, X.waits,
+           X.launches);
+}
+
 static void nulls(long n) {
     uint64_t zero = 0;
     double best = 1e18;
@@ -427,6 +493,12 @@ int main(int argc, char **argv) {
             if (g)
                 CHECK(api.cuGraphDestroy(g));
             printf("capture end_rc=%d replay_rc=%d\n", end, replay);
+        } else if (strcmp(a, "xcapture") == 0) {
+            int n, replays;
+            double ms;
+            if (sscanf(v, "%d,%lf,%d", &n, &ms, &replays) != 3)
+                return 2;
+            xcapture(n, ms, replays, ctx);
         } else if (strcmp(a, "nulls") == 0) {
             nulls(atol(v));
         } else if (strcmp(a, "sleep") == 0) {
