@@ -65,6 +65,7 @@ struct CUstream_st {
     int mode;           /* the capture's CUstreamCaptureMode */
     pthread_t owner;    /* the thread that began it */
     int invalidated;
+    int to_graph;       /* begun by cuStreamBeginCaptureToGraph: the graph is the caller's */
 };
 
 struct CUctx_st {
@@ -549,13 +550,16 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
 }
 
 static int unsafe_call_prohibited(void);
+static int context_capturing(CUcontext c);
 
 EXPORT CUresult cuCtxSynchronize(void) {
     CHECK_INIT();
     CUcontext c = current();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (unsafe_call_prohibited())
+    /* both rules apply: a capture of this context forbids the sync in every mode (context_capturing), one of
+     * another context only as the capture interaction modes say (unsafe_call_prohibited) */
+    if (context_capturing(c) | unsafe_call_prohibited())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(c, c->enq_seq);
     pools_at_sync(c->dev);
@@ -662,6 +666,25 @@ static int unsafe_call_prohibited(void) {
     return prohibited;
 }
 
+/* 1 when a stream of context c is being captured; those captures are invalidated. The CUDA Programming Guide, CUDA
+ * Graphs, "Prohibited and Unhandled Operations": "It is also invalid to query the execution status of or synchronize
+ * a broader handle which encompasses an active stream capture, such as a device or context handle when any
+ * associated stream is in capture mode", and an invalid operation invalidates the capture. This holds whatever the
+ * capture interaction mode: the modes govern potentially unsafe calls (above), not a sync of the capture's own
+ * context (cuCtxSynchronize then fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture's
+ * cuStreamEndCapture with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, as on a real driver). */
+static int context_capturing(CUcontext c) {
+    int found = 0;
+    pthread_mutex_lock(&captures_mu);
+    for (int k = 0; k < MAX_CAPTURES; k++)
+        if (captures[k] && captures[k]->ctx == c) {
+            captures[k]->invalidated = 1;
+            found = 1;
+        }
+    pthread_mutex_unlock(&captures_mu);
+    return found;
+}
+
 static void capture_list(CUstream s, int add) {
     pthread_mutex_lock(&captures_mu);
     for (int k = 0; k < MAX_CAPTURES; k++)
@@ -672,7 +695,7 @@ static void capture_list(CUstream s, int add) {
     pthread_mutex_unlock(&captures_mu);
 }
 
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+static CUresult begin_capture(CUstream s, CUgraph into, int mode) {
     CHECK_INIT();
     if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -681,15 +704,32 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot be captured */
     if (s->capturing)
         return CUDA_ERROR_INVALID_VALUE;
-    s->graph = calloc(1, sizeof *s->graph);
+    s->graph = into ? into : calloc(1, sizeof *s->graph);
     if (!s->graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    s->to_graph = into != NULL;
     s->mode = mode;
     s->owner = pthread_self();
     s->invalidated = 0;
     s->capturing = 1;
     capture_list(s, 1);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { return begin_capture(s, NULL, mode); }
+
+/* CUDA 10.0's form, before the mode argument (cuGetProcAddress below version 10010): a global-mode capture. */
+EXPORT CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, NULL, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+
+/* CUDA 12.3: capture into the caller's graph (cuStreamBeginCaptureToGraph in the driver API reference), which
+ * cuStreamEndCapture hands back. The fake's graph is a sequence of kernels: the dependencies are not modelled, the
+ * captured kernels follow the graph's. */
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const void *deps, const void *data, size_t n,
+                                            int mode) {
+    (void)deps;
+    (void)data;
+    (void)n;
+    return g ? begin_capture(s, g, mode) : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
@@ -700,8 +740,10 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
     capture_list(s, 0);
     s->capturing = 0;
     if (s->invalidated) {
-        free(s->graph->ns);
-        free(s->graph);
+        if (!s->to_graph) { /* the caller's own graph stays the caller's to destroy */
+            free(s->graph->ns);
+            free(s->graph);
+        }
         s->graph = NULL;
         *pg = NULL;
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -1685,13 +1727,14 @@ static const struct {
     V2(cuMemFree, 3020), V2(cuMemGetInfo, 3020), V2(cuDeviceTotalMem, 3020), V2(cuCtxCreate, 3020),
     V2(cuCtxDestroy, 4000), V2(cuCtxPushCurrent, 4000), V2(cuCtxPopCurrent, 4000), V2(cuStreamDestroy, 4000),
     V2(cuEventDestroy, 4000), V2(cuMemcpyHtoD, 3020), V2(cuMemcpyDtoH, 3020),
-    V2(cuDevicePrimaryCtxRelease, 11000), V2(cuStreamBeginCapture, 10010),
+    V2(cuDevicePrimaryCtxRelease, 11000), {"cuStreamBeginCapture", (void *)cuStreamBeginCapture,
+                                           (void *)cuStreamBeginCapture_v2, NULL, 10010},
     {"cuGetProcAddress", (void *)cuGetProcAddress, (void *)cuGetProcAddress_v2, NULL, 12000},
     {"cuDeviceGetUuid", (void *)cuDeviceGetUuid, (void *)cuDeviceGetUuid_v2, NULL, 11040},
     P(cuInit), P(cuDriverGetVersion), P(cuDeviceGet), P(cuDeviceGetCount), P(cuDeviceGetName),
     P(cuDeviceGetAttribute), P(cuDevicePrimaryCtxRetain), P(cuCtxSetCurrent), P(cuCtxGetCurrent),
     P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuStreamCreate), P(cuStreamSynchronize), P(cuStreamQuery),
-    P(cuStreamEndCapture), P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord), P(cuEventQuery),
+    P(cuStreamEndCapture), P(cuStreamBeginCaptureToGraph), P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord), P(cuEventQuery),
     P(cuEventSynchronize), P(cuEventElapsedTime), P(cuModuleLoadData), P(cuModuleUnload),
     P(cuModuleGetFunction), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
     P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString), P(cuThreadExchangeStreamCaptureMode),

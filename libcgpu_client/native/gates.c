@@ -268,6 +268,7 @@ void cgpu_gates_init(const cgpu_device_ops *ops) {
 
 /* A forked child has none of the parent's threads: it starts afresh at its first gated call. */
 void cgpu_gates_after_fork(void) {
+    cgpu_captures_after_fork();
     cgpu_conn_after_fork();
     atomic_store(&started, 0);
     pthread_mutex_init(&idle_mu, NULL);

@@ -35,7 +35,19 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 1 << 30, 0, LIB_CUDA)     \
     X(nvmlDeviceGetMemoryInfo, "", 0, 0, 0, LIB_NVML)                           \
     X(nvmlDeviceGetMemoryInfo_v2, "", 0, 0, 0, LIB_NVML)                        \
-    MEMORY_HOOKS(X)
+    MEMORY_HOOKS(X)                                                             \
+    CAPTURE_HOOKS(X)
+
+/* Stream captures (capture.c): the shim's syncs wait until none is open. */
+#define CAPTURE_HOOKS(X)                                                                             \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture", 0, 10010, 0, LIB_CUDA)                           \
+    X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 0, 10010, 1, LIB_CUDA)                      \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 1 << 30, 0, LIB_CUDA)                  \
+    X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 1 << 30, 1, LIB_CUDA)             \
+    X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 0, 1 << 30, 0, LIB_CUDA)           \
+    X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 0, 1 << 30, 1, LIB_CUDA)      \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 0, 1 << 30, 0, LIB_CUDA)                             \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, 1 << 30, 1, LIB_CUDA)
 
 /* The rest of the memory a process takes (pools.c, context.c, memory.c): stream-ordered pools and the
  * synchronisations at which a pool gives memory back, managed memory, arrays, contexts. */
@@ -124,6 +136,11 @@ typedef CUresult(ctx_create2_t)(CUcontext *, unsigned int, CUdevice);
 typedef CUresult(ctx_create3_t)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
 typedef CUresult(ctx_create4_t)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
 typedef CUresult(ctx_destroy_t)(CUcontext);
+typedef CUresult(begin_capture1_t)(CUstream);
+typedef CUresult(begin_capture_t)(CUstream, CUstreamCaptureMode);
+typedef CUresult(begin_capture_graph_t)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                                        CUstreamCaptureMode);
+typedef CUresult(end_capture_t)(CUstream, CUgraph *);
 
 EXPORT init_t cuInit;
 EXPORT launch_t cuLaunchKernel, cuLaunchKernel_ptsz;
@@ -163,6 +180,10 @@ EXPORT ctx_create2_t cuCtxCreate_v2;
 EXPORT ctx_create3_t cuCtxCreate_v3;
 EXPORT ctx_create4_t cuCtxCreate_v4;
 EXPORT ctx_destroy_t cuCtxDestroy_v2;
+EXPORT begin_capture1_t cuStreamBeginCapture, cuStreamBeginCapture_ptsz;
+EXPORT begin_capture_t cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz;
+EXPORT begin_capture_graph_t cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz;
+EXPORT end_capture_t cuStreamEndCapture, cuStreamEndCapture_ptsz;
 
 /* The driver functions the shim only calls (HELPERS): declared for their types, never defined here. */
 CUresult cuCtxGetCurrent(CUcontext *);

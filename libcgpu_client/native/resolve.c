@@ -147,14 +147,14 @@ CUcontext cgpu_current_context(void) {
     return c;
 }
 
-/* Wait for ctx's queued work. cuCtxSynchronize is a "potentially unsafe" call under stream capture: in the
- * default (global) interaction mode it would invalidate a global capture open on any thread of the program (PyTorch
- * captures CUDA graphs so), and one of the calling thread's own. The shim's syncs wait for work already queued and
- * capture nothing, so they run in relaxed mode (cuThreadExchangeStreamCaptureMode, push-pop as the driver API
- * reference advises), which no capture prohibits. */
+/* Wait for ctx's queued work. A sync of a context while any of its streams is being captured is invalid in every
+ * capture mode, and invalidates the capture (capture.c): it runs only once no capture is open, and holds new ones
+ * back meanwhile. It is also a "potentially unsafe" call for captures of other contexts, which the default (global)
+ * interaction mode would let it invalidate: it runs in relaxed mode (cuThreadExchangeStreamCaptureMode, push-pop as
+ * the driver API reference advises). */
 void cgpu_sync_context(CUcontext ctx) {
     __typeof__(cuCtxSynchronize) *sync = REAL(cuCtxSynchronize);
-    if (!sync)
+    if (!sync || !cgpu_captures_hold())
         return;
     __typeof__(cuThreadExchangeStreamCaptureMode) *xchg = REAL(cuThreadExchangeStreamCaptureMode);
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -172,6 +172,7 @@ void cgpu_sync_context(CUcontext ctx) {
     }
     if (relaxed)
         xchg(&mode); /* the thread's own mode back */
+    cgpu_captures_release();
 }
 
 /* CUDA device ordinal -> visible position + 1, -1 when none of ours; 0 until known. The ordinals are the

@@ -38,6 +38,11 @@ CGPU_HIDDEN void cgpu_log(const char *fmt, ...) __attribute__((format(printf, 1,
 CGPU_HIDDEN void cgpu_cond_init(pthread_cond_t *cv); /* a condition variable on CLOCK_MONOTONIC */
 CGPU_HIDDEN int cgpu_spawn(void *(*fn)(void *), const char *what); /* a detached thread; logged on failure */
 CGPU_HIDDEN void cgpu_deadline_in(struct timespec *ts, int64_t ns);
+/* capture.c: 1 once no stream capture is open, holding new ones back until cgpu_captures_release; 0 where a sync
+ * must be skipped (a capture of the calling thread, or one open too long) */
+CGPU_HIDDEN int cgpu_captures_hold(void);
+CGPU_HIDDEN void cgpu_captures_release(void);
+CGPU_HIDDEN void cgpu_captures_after_fork(void);
 
 /* ----------------------------------------------------------------- conn.c */
 /* What the connection tells the layer above; pos is the visible GPU position. */

@@ -1,6 +1,7 @@
-"""Stream capture's interaction modes on the fake driver: for each (capture mode, other thread's mode), a capture
-is begun on the main thread, another thread calls cuCtxSynchronize in its mode, and the capture is ended.
-Prints {"CAPTURE/OTHER": [the sync's rc, the end's rc]} as JSON."""
+"""Stream capture's rules on the fake driver: for each (capture mode, other thread's mode), a capture is begun on the
+main thread, another thread calls cuCtxSynchronize in its mode, on the capture's own context ("own") or on a second
+context ("other"), and the capture is ended. Prints {"CAPTURE/OTHER": {"own": [the sync's rc, the end's rc],
+"other": [...]}} as JSON."""
 
 from __future__ import annotations
 
@@ -23,24 +24,28 @@ check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0))
 check(cuda.cuCtxSetCurrent(ctx))
 stream = ctypes.c_void_p()
 check(cuda.cuStreamCreate(ctypes.byref(stream), 0))
-out = {}
+second = ctypes.c_void_p()
+check(cuda.cuCtxCreate_v2(ctypes.byref(second), 0, 0))
+check(cuda.cuCtxSetCurrent(ctx))
+out: dict[str, dict[str, list[int]]] = {}
 for capture, other in (("global", "global"), ("global", "relaxed"), ("global", "thread_local"),
                        ("thread_local", "global"), ("relaxed", "global")):
-    check(cuda.cuStreamBeginCapture_v2(stream, MODES[capture]))
-    rc: list[int] = []
+    for where, target in (("own", ctx), ("other", second)):
+        check(cuda.cuStreamBeginCapture_v2(stream, MODES[capture]))
+        rc: list[int] = []
 
-    def sync(mode: str = other, rc: list[int] = rc) -> None:
-        cuda.cuCtxSetCurrent(ctx)
-        m = ctypes.c_int(MODES[mode])
-        cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(m))
-        rc.append(cuda.cuCtxSynchronize())
+        def sync(mode: str = other, rc: list[int] = rc, target: ctypes.c_void_p = target) -> None:
+            cuda.cuCtxSetCurrent(target)
+            m = ctypes.c_int(MODES[mode])
+            cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(m))
+            rc.append(cuda.cuCtxSynchronize())
 
-    t = threading.Thread(target=sync)
-    t.start()
-    t.join()
-    graph = ctypes.c_void_p()
-    end = cuda.cuStreamEndCapture(stream, ctypes.byref(graph))
-    if end == 0:
-        check(cuda.cuGraphDestroy(graph))
-    out[f"{capture}/{other}"] = [rc[0], end]
+        t = threading.Thread(target=sync)
+        t.start()
+        t.join()
+        graph = ctypes.c_void_p()
+        end = cuda.cuStreamEndCapture(stream, ctypes.byref(graph))
+        if end == 0:
+            check(cuda.cuGraphDestroy(graph))
+        out.setdefault(f"{capture}/{other}", {})[where] = [rc[0], end]
 print(json.dumps(out))
