@@ -313,6 +313,37 @@ static void serve(double ms, int batch, CUcontext ctx) {
     free(S.ends);
 }
 
+/* A global-mode capture (PyTorch's default) of n 1 ms kernels on the main stream, held open ms; then, where `stop`
+ * is given, the thread `other` stopped and joined; then the graph replayed `replays` times, each synced. The end's
+ * code; the replays' in *replay (CUDA_ERROR_INVALID_VALUE where the capture did not end valid). */
+static CUresult capture(int n, double ms, int replays, _Atomic int *stop, pthread_t *other, CUresult *replay) {
+    uint64_t one = 1000000;
+    CUgraph g = NULL;
+    CUgraphExec exec = NULL;
+    CHECK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int k = 0; k < n; k++)
+        launch_one(spin_fn, &one);
+    usleep((useconds_t)(ms * 1000));
+    CUresult end = api.cuStreamEndCapture(stream, &g);
+    if (stop) {
+        *stop = 1;
+        pthread_join(*other, NULL);
+    }
+    *replay = CUDA_ERROR_INVALID_VALUE;
+    if (end == CUDA_SUCCESS && api.cuGraphInstantiateWithFlags(&exec, g, 0) == CUDA_SUCCESS) {
+        *replay = CUDA_SUCCESS;
+        for (int k = 0; k < replays && *replay == CUDA_SUCCESS; k++) {
+            *replay = api.cuGraphLaunch(exec, stream);
+            if (*replay == CUDA_SUCCESS)
+                *replay = api.cuStreamSynchronize(stream);
+        }
+        CHECK(api.cuGraphExecDestroy(exec));
+    }
+    if (g)
+        CHECK(api.cuGraphDestroy(g));
+    return end;
+}
+
 /* xcapture: a thread that launches and syncs on a stream of its own while the main thread captures */
 static struct {
     _Atomic int stop;
@@ -347,26 +378,7 @@ static void xcapture(int n, double ms, int replays, CUcontext ctx) {
     pthread_t t;
     if (pthread_create(&t, NULL, xcapture_other, NULL) != 0)
         exit(5);
-    CUgraph g = NULL;
-    CUgraphExec exec = NULL;
-    CHECK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    for (int k = 0; k < n; k++)
-        launch_one(spin_fn, &one);
-    usleep((useconds_t)(ms * 1000));
-    CUresult end = api.cuStreamEndCapture(stream, &g), replay = CUDA_ERROR_INVALID_VALUE;
-    X.stop = 1;
-    pthread_join(t, NULL);
-    if (end == CUDA_SUCCESS && api.cuGraphInstantiateWithFlags(&exec, g, 0) == CUDA_SUCCESS) {
-        replay = CUDA_SUCCESS;
-        for (int k = 0; k < replays && replay == CUDA_SUCCESS; k++) {
-            replay = api.cuGraphLaunch(exec, stream);
-            if (replay == CUDA_SUCCESS)
-                replay = api.cuStreamSynchronize(stream);
-        }
-        CHECK(api.cuGraphExecDestroy(exec));
-    }
-    if (g)
-        CHECK(api.cuGraphDestroy(g));
+    CUresult replay, end = capture(n, ms, replays, &X.stop, &t, &replay);
     printf("xcapture end_rc=%d replay_rc=%d other_waits=%ld other_launches=%ld\n", end, replay, X.waits,
            X.launches);
 }
@@ -477,21 +489,7 @@ int main(int argc, char **argv) {
             uint64_t one = 1000000;
             CHECK(launch_one(spin_fn, &one));
             CHECK(api.cuStreamSynchronize(stream));
-            CUgraph g = NULL;
-            CUgraphExec exec = NULL;
-            CHECK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
-            for (int k = 0; k < n; k++)
-                launch_one(spin_fn, &one);
-            usleep((useconds_t)(ms * 1000));
-            CUresult end = api.cuStreamEndCapture(stream, &g), replay = CUDA_ERROR_INVALID_VALUE;
-            if (end == CUDA_SUCCESS && api.cuGraphInstantiateWithFlags(&exec, g, 0) == CUDA_SUCCESS) {
-                replay = api.cuGraphLaunch(exec, stream);
-                if (replay == CUDA_SUCCESS)
-                    replay = api.cuStreamSynchronize(stream);
-                CHECK(api.cuGraphExecDestroy(exec));
-            }
-            if (g)
-                CHECK(api.cuGraphDestroy(g));
+            CUresult replay, end = capture(n, ms, 1, NULL, NULL, &replay);
             printf("capture end_rc=%d replay_rc=%d\n", end, replay);
         } else if (strcmp(a, "xcapture") == 0) {
             int n, replays;
