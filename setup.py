@@ -7,15 +7,28 @@ init, does not link libpython, and is named ``libcgpu.so``.
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE = "libcgpu_client/native"
-# the shim's sources, lowest layer first (libcgpu_client/native/shim.h says what each holds)
-SHIM_SOURCES = ("mp.c", "env.c", "log.c", "conn.c", "gates.c", "resolve.c", "launch.c", "memory.c", "pools.c",
-                "context.c", "preload.c")
+
+
+def shim_sources() -> tuple[str, ...]:
+    """The shim's sources, lowest layer first: the one list, ``SHIM_SOURCES`` in libcgpu_client/native/build.py
+    (read, not imported: the package is not importable before it is built)."""
+    tree = ast.parse(Path(NATIVE, "build.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SHIM_SOURCES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError(f"{NATIVE}/build.py has no SHIM_SOURCES")
+
+
+SHIM_SOURCES = shim_sources()
+HEADERS = sorted(p.name for p in Path(NATIVE).glob("*.h"))
 
 
 class BuildSharedLibrary(build_ext):
@@ -38,7 +51,7 @@ setup(
         Extension(
             "libcgpu_client.native.libcgpu",
             sources=[f"{NATIVE}/{name}" for name in SHIM_SOURCES],
-            depends=[f"{NATIVE}/{name}" for name in ("mp.h", "env.h", "shim.h", "hooks.h", "cuda_min.h")],
+            depends=[f"{NATIVE}/{name}" for name in HEADERS],
             extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wshadow"],
             libraries=["dl", "pthread"],
         )
