@@ -139,7 +139,8 @@ class GangSimulation:
                 return []
             if c.waiting_since is None:
                 return []
-            c.lease, c.deadline, c.revoked, c.waiting_since, c.got_at = eff.lease, eff.deadline_ns, False, None, self.now
+            c.lease, c.deadline, c.revoked = eff.lease, eff.deadline_ns, False
+            c.waiting_since, c.got_at = None, self.now
             return self._work(c)
         if isinstance(eff, RevokeLease) and eff.lease == c.lease:
             c.revoked = True

@@ -235,10 +235,27 @@ class GangBook:
         for gang in self.gangs.values():
             if gang.kept:
                 gang.kept = {g: end for g, end in gang.kept.items() if end > now}
-            if not gang.armed and not gang.turn and not gang.kept and self._waits(gang) \
-                    and gang.credit >= self.turn_ns(gang) and not self._armed_on(gang.gpus):
+            # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
+            # them overlaps what it still has to earn
+            if not gang.armed and not self._in_turn(gang) and self._waits(gang) \
+                    and gang.credit + gang.rate * self._busy_for(gang, now) >= self.turn_ns(gang) // 2 \
+                    and not self._armed_on(gang.gpus):
                 gang.armed = True
                 self._outbox += self._cut_back(gang, now)
+
+    def _busy_for(self, gang: Gang, now: int) -> int:
+        """How long until the current turns on the gang's GPUs (not its own) end."""
+        end = now
+        for g in gang.gpus:
+            lease = self.members[g].rq.lease
+            if lease is not None and lease.inst.name != gang.name and lease.revoked_ns is None:
+                end = max(end, lease.nominal_ns if lease.nominal_ns is not None else lease.deadline_ns)
+        return end - now
+
+    @staticmethod
+    def _in_turn(gang: Gang) -> bool:
+        """Whether a turn of the gang is under way (a lease of it not revoked, or a GPU kept for it)."""
+        return bool(gang.kept) or any(lease.revoked_ns is None for lease in gang.turn.values())
 
     def _waits(self, gang: Gang) -> bool:
         """Whether the gang waits on one of its GPUs (the others may be held by a kernel spinning for a peer,
@@ -318,11 +335,10 @@ class GangBook:
         for gang in self.gangs.values():
             if gang.armed and gpu in gang.gpus:
                 if self._free(gang, now):
-                    turn = self.turn_ns(gang)
-                    return self._grant(gang, now, int(min(max(gang.credit, turn), CREDIT_TURNS * turn)))
+                    return self._grant(gang, now, self.turn_ns(gang))
                 self._idle(gpu, now)
                 return None
-        spare = [g for g in self.gangs.values() if gpu in g.gpus and not g.turn and not g.kept and self._waits(g)
+        spare = [g for g in self.gangs.values() if gpu in g.gpus and not self._in_turn(g) and self._waits(g)
                  and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
         if spare:  # time nobody else wants on any of its GPUs
             gang = max(spare, key=lambda g: g.credit)
@@ -348,9 +364,15 @@ class GangBook:
             self._busy_end(g, now)
             self.stats[g].turns += 1
             own = self.members[g].rq.lease
-            if own is not None:  # its own, from before it was a gang (a kernel spinning for a peer): it runs on
-                own.deadline_ns, own.nominal_ns, own.revoked_ns = end, None, None
+            if own is not None and own.revoked_ns is None:
+                # its own, from before it was a gang or from its last turn (a kernel spinning for a peer): it runs
+                # on as this turn's
+                own.deadline_ns, own.nominal_ns, own.owner = end, None, self
                 effects += [GrantLease(c, g, own.id, end, 0) for c in sorted(own.clients)]
+                gang.turn[g] = own
+                self._leases[id(own)] = gang
+            elif own is not None:  # revoked, its holder finishing a kernel: then the GPU is kept for it
+                gang.kept[g] = end
             elif self.members[g].rq.instances[gang.name].waiters:
                 effects += self._lease(gang, g, now, end, ext)
             else:
@@ -385,8 +407,8 @@ class GangBook:
             if gpu not in gang.gpus:
                 continue
             times = list(gang.kept.values())
-            missing = self.turn_ns(gang) - gang.credit
-            if not gang.armed and not gang.turn and not gang.kept and gang.rate > 0 and missing > 0:
+            missing = self.turn_ns(gang) // 2 - gang.credit
+            if not gang.armed and not self._in_turn(gang) and gang.rate > 0 and missing > 0:
                 times.append(gang.t + int(missing / gang.rate) + 1)
             for g in gang.gpus:
                 if not self._has_demand(g, gang.name):
