@@ -1,5 +1,5 @@
-"""Gang leases: a job busy on several GPUs gets its turns on all of them at the same moment (behaviour §3, "Jobs
-that span GPUs").
+"""Gang leases: a job busy on several GPUs gets its turns on all of them at the same moment (behaviour §11, jobs
+that span GPUs).
 
 How this works
 --------------

@@ -1,4 +1,4 @@
-"""Gang leases on the virtual clock (behaviour §3, "Jobs that span GPUs"): a job busy on several GPUs gets its turns
+"""Gang leases on the virtual clock (behaviour §11, jobs that span GPUs): a job busy on several GPUs gets its turns
 on all of them at once, its share is the least of its weight's shares over its GPUs, and each GPU's other tenants
 share the rest by weight. Shares are asserted within 0.5 pp of the documented entitlement; a GPU idles only where
 the rule says it must (the idle share is asserted against the entitlement's too)."""
