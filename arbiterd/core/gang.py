@@ -65,6 +65,7 @@ class Gang:
     kept: dict[int, int] = field(default_factory=dict)  # GPUs of its turn it had no waiter on: kept for it until
     turn_size: int = 0  # how many GPUs that turn was granted on
     ext: int = 0  # the hand-over its turn under way was lengthened by
+    turn_end: int = 0  # that turn's deadline
     turns: int = 0
     held_ns: int = 0  # its leases' held time, summed over its GPUs
 
@@ -237,7 +238,7 @@ class GangBook:
                 gang.kept = {g: end for g, end in gang.kept.items() if end > now}
             # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
             # them overlaps what it still has to earn
-            if not gang.armed and not self._in_turn(gang) and self._waits(gang) \
+            if not gang.armed and not self._in_turn(gang, now) and self._waits(gang) \
                     and gang.credit + gang.rate * self._busy_for(gang, now) >= self.turn_ns(gang) // 2 \
                     and not self._armed_on(gang.gpus):
                 gang.armed = True
@@ -253,9 +254,11 @@ class GangBook:
         return end - now
 
     @staticmethod
-    def _in_turn(gang: Gang) -> bool:
-        """Whether a turn of the gang is under way (a lease of it not revoked, or a GPU kept for it)."""
-        return bool(gang.kept) or any(lease.revoked_ns is None for lease in gang.turn.values())
+    def _in_turn(gang: Gang, now: int) -> bool:
+        """Whether a turn of the gang is under way: a GPU kept for it, or a lease of it neither revoked nor past
+        its deadline (one held past it, a kernel waiting for a peer, is adopted by the next turn)."""
+        return bool(gang.kept) or any(lease.revoked_ns is None and now < lease.deadline_ns
+                                      for lease in gang.turn.values())
 
     def _waits(self, gang: Gang) -> bool:
         """Whether the gang waits on one of its GPUs (the others may be held by a kernel spinning for a peer,
@@ -333,12 +336,17 @@ class GangBook:
             del gang.kept[gpu]
             return self._lease(gang, gpu, now, end, gang.ext)
         for gang in self.gangs.values():
+            if gpu in gang.gpus and gpu not in gang.turn and now < gang.turn_end and gang.turn \
+                    and self.members[gpu].rq.instances[gang.name].waiters:
+                # it comes back within its turn, which a peer still holds: the rest of the turn is its own here
+                return self._lease(gang, gpu, now, gang.turn_end, 0)
+        for gang in self.gangs.values():
             if gang.armed and gpu in gang.gpus:
                 if self._free(gang, now):
                     return self._grant(gang, now, self.turn_ns(gang))
                 self._idle(gpu, now)
                 return None
-        spare = [g for g in self.gangs.values() if gpu in g.gpus and not self._in_turn(g) and self._waits(g)
+        spare = [g for g in self.gangs.values() if gpu in g.gpus and not self._in_turn(g, now) and self._waits(g)
                  and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
         if spare:  # time nobody else wants on any of its GPUs
             gang = max(spare, key=lambda g: g.credit)
@@ -356,6 +364,7 @@ class GangBook:
         ext = max(self.members[g].rq.extension_for(self.members[g].rq.instances[gang.name]) for g in gang.gpus)
         gang.ext = ext
         end = now + length + ext
+        gang.turn_end = end
         gang.credit -= length + ext
         gang.turn_size = len(gang.gpus)
         gang.turns += 1
@@ -408,7 +417,7 @@ class GangBook:
                 continue
             times = list(gang.kept.values())
             missing = self.turn_ns(gang) // 2 - gang.credit
-            if not gang.armed and not self._in_turn(gang) and gang.rate > 0 and missing > 0:
+            if not gang.armed and not self._in_turn(gang, gang.t) and gang.rate > 0 and missing > 0:
                 times.append(gang.t + int(missing / gang.rate) + 1)
             for g in gang.gpus:
                 if not self._has_demand(g, gang.name):
