@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import os
 import struct
@@ -165,7 +166,7 @@ def rate(ends: list[int], t0: int, t1: int) -> float:
 
 def longest_gap_ms(ends: list[int], t0: int, t1: int, step_ns: float) -> float:
     inside = [e for e in ends if t0 <= e <= t1]
-    gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(inside)]
     return max(0.0, (max(gaps, default=0) - step_ns) / 1e6)
 
 

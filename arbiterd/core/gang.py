@@ -27,6 +27,7 @@ with, or while a peer's holder runs past its deadline: that *aligned idle* is co
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -37,6 +38,8 @@ from arbiterd.core.policies.base import Policy
 from arbiterd.core.policies.highprio import HighPriority
 from arbiterd.core.policies.vtime import VirtualTime
 from arbiterd.core.settings import NO_LIMIT
+
+log = logging.getLogger("arbiterd.core")
 
 GANG_POLICIES = (1, 4)  # work-conserving virtual time: what a GPU cannot give a gang, its others may use
 DEFAULT_WINDOW_MS = 200
@@ -96,6 +99,9 @@ class GangBook:
         self._outbox: list[Effect] = []
         self._t = 0
         self.assumed: Mapping[int, Collection[str]] | None = None  # demand to assume (a simulator's targets)
+        # collective spin as far as the daemon sees it, per (GPU, instance): time a member held its lease past the
+        # turn's deadline while a peer waited for its next turn (its kernel waiting for that peer's)
+        self.spin: dict[tuple[int, str], int] = {}
 
     def attach(self, member: Member) -> None:
         idx = member.rq.index
@@ -233,7 +239,7 @@ class GangBook:
         self.accrue(now)
         self.refresh(now)
         self.rerate()
-        for gang in self.gangs.values():
+        for gang in sorted(self.gangs.values(), key=lambda g: -g.credit):  # the most owed arms first
             if gang.kept:
                 gang.kept = {g: end for g, end in gang.kept.items() if end > now}
             # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
@@ -242,6 +248,7 @@ class GangBook:
                     and gang.credit + gang.rate * self._busy_for(gang, now) >= self.turn_ns(gang) // 2 \
                     and not self._armed_on(gang.gpus):
                 gang.armed = True
+                log.debug("gang %s armed at %d (credit %.0f, GPUs %s)", gang.name, now, gang.credit, gang.gpus)
                 self._outbox += self._cut_back(gang, now)
 
     def _busy_for(self, gang: Gang, now: int) -> int:
@@ -360,6 +367,7 @@ class GangBook:
         """The gang's turn on all its GPUs at once, one deadline for all: a lease where it waits, and where it does
         not (a kernel spinning for a peer, or between launches) the GPU is kept for it until the deadline. The turn
         is paid from its credit at once; what its leases hold past the deadline, at their end."""
+        log.debug("gang %s: a turn of %d ns on GPUs %s at %d", gang.name, length, gang.gpus, now)
         gang.armed = False
         ext = max(self.members[g].rq.extension_for(self.members[g].rq.instances[gang.name]) for g in gang.gpus)
         gang.ext = ext
@@ -376,6 +384,8 @@ class GangBook:
             if own is not None and own.revoked_ns is None:
                 # its own, from before it was a gang or from its last turn (a kernel spinning for a peer): it runs
                 # on as this turn's
+                if now > own.deadline_ns:
+                    self._spun(g, gang.name, now - own.deadline_ns)
                 own.deadline_ns, own.nominal_ns, own.owner = end, None, self
                 effects += [GrantLease(c, g, own.id, end, 0) for c in sorted(own.clients)]
                 gang.turn[g] = own
@@ -438,12 +448,25 @@ class GangBook:
                 gang.credit += (lease.deadline_ns - bill.end) / size
             else:
                 gang.credit -= max(0, bill.end - lease.deadline_ns) / size
+            late = bill.end - lease.deadline_ns
+            if late > 0 and any(self._has_demand(g, gang.name) for g in gang.gpus if g not in gang.turn):
+                gpu = next((g for g, held in gang.turn.items() if held is lease), -1)
+                self._spun(gpu, gang.name, late)
             gang.held_ns += bill.held
             gang.turn = {g: held for g, held in gang.turn.items() if held is not lease}
             for g, m in self.members.items():
                 if m.rq.instances.get(lease.inst.name) is lease.inst:
                     self._busy[(g, lease.inst.name)] = bill.end
         return 0
+
+    def _spun(self, gpu: int, name: str, ns: int) -> None:
+        key = (gpu, name)
+        self.spin[key] = self.spin.get(key, 0) + ns
+
+    def idle_ns(self, gpu: int, now: int) -> int:
+        """Time ``gpu`` idled for a gang's alignment (nothing could fill the wait for its peers), so far."""
+        st = self.stats[gpu]
+        return st.idle_ns + (now - st.idle_since if st.idle_since is not None else 0)
 
     def forget(self, lease: Lease) -> None:
         """Its leases are each GPU's current one: nothing of its own to drop (:meth:`charge` closes them)."""

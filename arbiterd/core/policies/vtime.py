@@ -68,8 +68,10 @@ class VirtualTime(Policy):
             gpu.min_vr = max(gpu.min_vr, min(active))
 
     def round_weight(self) -> int:
-        """The slices one round of turns takes: the weights of the normal instances with demand."""
-        return sum(self.vtime_weight(i) for i in self.gpu.normal_members() if i.waiters or i.leases)
+        """The slices one round of turns takes: the weights of the normal instances with demand (a gang's
+        included: its turns are part of the round, gang.py)."""
+        return sum(self.vtime_weight(i) for i in self.gpu.instances.values()
+                   if i.weight > 0 and not i.highprio and (i.waiters or i.leases))
 
     def turn_slice_ns(self) -> int:
         """The slice of this round: the slice in force, cut to fit the round target (Runqueue.round_slice_ns)."""
