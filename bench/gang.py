@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -112,12 +113,16 @@ class Procs:
         stdin.write(line + "\n")
         stdin.flush()
 
-    def run(self, names: list[str], seconds: float) -> tuple[int, int]:
+    def run(self, names: list[str], seconds: float, probe: Callable[[], None] | None = None) -> tuple[int, int]:
+        """Those tenants work for ``seconds``; ``probe`` is called half-way."""
         keys = [k for k in self.procs if k[0] in names]
         t0 = time.monotonic_ns()
         for k in keys:
             self._send(k, "run")
-        time.sleep(seconds)
+        time.sleep(seconds / 2)
+        if probe is not None:
+            probe()
+        time.sleep(seconds / 2)
         t1 = time.monotonic_ns()
         for k in keys:
             self._send(k, "pause")
@@ -179,7 +184,9 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
             solo[t.name] = (a0 + int(0.4e9), a1)
         jobs = [t for t in tenants if t.job]
         before = {t.name: (ps.spin_ns(t), held_s(daemon, ps.instance(t))[0]) for t in jobs}
-        c0, c1 = ps.run([t.name for t in tenants], seconds)
+        rounds: list[float] = []
+        c0, c1 = ps.run([t.name for t in tenants], seconds,
+                        lambda: rounds.append(held_s(daemon, ps.instance(tenants[0]))[1]))
         after = {t.name: (ps.spin_ns(t), held_s(daemon, ps.instance(t))) for t in jobs}
         w0 = c0 + int(1e9)
         out: dict[str, Any] = {"scenario": name, "tenants": {}}
@@ -193,21 +200,23 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
                                    "job": t.job}
             if t.job:
                 spin0, held0 = before[t.name]
-                spin1, (held1, round_ms) = after[t.name]
+                spin1, (held1, _) = after[t.name]
                 row["entitled_rate"] = round(alone * t.target / 100, 1)
                 row["rate_pct"] = round(100 * now / (alone * t.target / 100), 1) if alone else 0.0
                 row["spin_pct"] = round(100 * (spin1 - spin0) / 1e9 / (held1 - held0), 2) if held1 > held0 else 0.0
-                out["round_ms"] = round_ms
             out["tenants"][t.name] = row
-        out.setdefault("round_ms", held_s(daemon, ps.instance(tenants[0]))[1])
+        out["round_ms"] = rounds[0] if rounds else 0.0
     return out
 
 
-def sitting(where: NativeTarget, tmp: Path, gangs: bool, ms: float, seconds: float) -> list[dict[str, Any]]:
+def sitting(where: NativeTarget, tmp: Path, gangs: bool, ms: float, seconds: float, only: str | None = None
+            ) -> list[dict[str, Any]]:
     args = ["--sim-gpus", "2x16GiB", "--identity", "declared", *([] if gangs else ["--gang-window-ms", "0"])]
     rows = []
     with DaemonProc(tmp / ("on" if gangs else "off"), *args) as daemon:
         for name, tenants in SCENARIOS.items():
+            if only and only not in name:
+                continue
             tag = f"{'on' if gangs else 'off'}-{name.replace('+', '-')}-{os.getpid()}"
             rows.append(run_scenario(where, daemon, name, tenants, ms, seconds, tag))
     return rows
@@ -215,7 +224,7 @@ def sitting(where: NativeTarget, tmp: Path, gangs: bool, ms: float, seconds: flo
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     first = rows[0]["tenants"]
-    job = next(r for r in first.values() if r["job"])
+    job = min((r for r in first.values() if r["job"]), key=lambda r: r["rate_pct"])
     tenant_err = max((abs(r["share_pct"] - r["target_pct"]) for r in first.values() if not r["job"]), default=0.0)
     stall = max(r["stall_ms"] for row in rows for r in row["tenants"].values())
     return {"gang_rate_pct": job["rate_pct"], "spin_pct": job["spin_pct"], "tenant_err_pp": round(tenant_err, 2),
@@ -227,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=6.0, help="seconds of each scenario's contended run")
     p.add_argument("--ms", type=float, default=0.5, help="length of one kernel (ms)")
+    p.add_argument("--only", help="run only the scenarios whose name contains this (job+tenants, two_jobs)")
     p.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cgpu-gang-", dir="/tmp"))
@@ -235,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.gang: needs gcc and the fake driver (its collective models NCCL's; on a real GPU, run NCCL "
               "jobs); skipped")
         return 0
-    runs = {"before (gangs off)": sitting(where, tmp, False, args.ms, args.seconds),
-            "after (gangs on)": sitting(where, tmp, True, args.ms, args.seconds)}
+    runs = {"before (gangs off)": sitting(where, tmp, False, args.ms, args.seconds, args.only),
+            "after (gangs on)": sitting(where, tmp, True, args.ms, args.seconds, args.only)}
     lines = [f"Two simulated GPUs on the fake CUDA driver, {args.ms:g} ms kernels in steps of {BATCH}, "
              f"{args.seconds:g} s a scenario; the daemon at its defaults (policy 1), gangs off "
              "(--gang-window-ms 0) then on (the default window).", "",
@@ -264,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     f = summary["after (gangs on)"]
     line = (f"gang_rate_pct={f['gang_rate_pct']:.1f} spin_pct={f['spin_pct']:.2f} "
             f"tenant_err_pp={f['tenant_err_pp']:.2f} max_stall_ms={f['max_stall_ms']:.1f}")
-    if not args.no_results:
+    if not args.no_results and args.only is None:
         cmd = "python -m bench.gang " + " ".join(argv if argv is not None else sys.argv[1:])
         b = summary["before (gangs off)"]
         before = (f"before: gang_rate_pct={b['gang_rate_pct']:.1f} spin_pct={b['spin_pct']:.2f} "

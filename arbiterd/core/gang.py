@@ -239,7 +239,11 @@ class GangBook:
         self.accrue(now)
         self.refresh(now)
         self.rerate()
-        for gang in sorted(self.gangs.values(), key=lambda g: -g.credit):  # the most owed arms first
+        for gang in self.gangs.values():
+            if gang.armed and self._blocked_by_gang(gang, now):
+                gang.armed = False  # it yields: the gang that holds one of its GPUs goes first (just below)
+        # a gang that holds one of its GPUs already (a kernel waiting for its peers) arms first, then the most owed
+        for gang in sorted(self.gangs.values(), key=lambda g: (not self._holds(g), -g.credit)):
             if gang.kept:
                 gang.kept = {g: end for g, end in gang.kept.items() if end > now}
             # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
@@ -250,6 +254,21 @@ class GangBook:
                 gang.armed = True
                 log.debug("gang %s armed at %d (credit %.0f, GPUs %s)", gang.name, now, gang.credit, gang.gpus)
                 self._outbox += self._cut_back(gang, now)
+
+    def _holds(self, gang: Gang) -> bool:
+        """Whether the gang holds the lease on one of its GPUs."""
+        return any((lease := self.members[g].rq.lease) is not None and lease.inst.name == gang.name
+                   for g in gang.gpus)
+
+    def _blocked_by_gang(self, gang: Gang, now: int) -> bool:
+        """Whether one of the armed ``gang``'s GPUs is held by another gang outside its turn (its kernel waits
+        for a peer, which waits for a turn): that gang must run first, or both wait until overrun_ms."""
+        for g in gang.gpus:
+            lease = self.members[g].rq.lease
+            other = self.gangs.get(lease.inst.name) if lease is not None else None
+            if other is not None and other is not gang and not self._in_turn(other, now) and self._waits(other):
+                return True
+        return False
 
     def _busy_for(self, gang: Gang, now: int) -> int:
         """How long until the current turns on the gang's GPUs (not its own) end."""

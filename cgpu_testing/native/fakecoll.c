@@ -12,7 +12,9 @@
  * its ranks. Each device counts the collectives it has run (step k); its k-th waits until every peer device has
  * started its k-th. Unset, the kernel is a plain spin (a job on one GPU). /dev/shm/fakecuda-coll-ID holds, per
  * physical device, four uint64 (native order): the last step started, the nanoseconds spent waiting for peers,
- * the collectives run, and the nanoseconds of own work: what a benchmark reads as the job's spin. */
+ * the collectives run, and the nanoseconds of own work: what a benchmark reads as the job's spin. A step whose
+ * peers never come (a peer process that exited) is given up after FAKECUDA_COLLECTIVE_TIMEOUT_MS (2000), as
+ * PyTorch's NCCL watchdog aborts a collective that outlives its timeout, so that a program can still exit. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -42,6 +44,7 @@ static struct {
     int peers[COLL_SLOTS];
     int npeers;
     uint64_t steps[COLL_SLOTS]; /* this process's collectives so far, per physical device */
+    int64_t timeout_ns;
     pthread_mutex_t mu;
 } C = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -52,6 +55,8 @@ static int64_t coll_now(void) {
 }
 
 static void coll_open(void) {
+    const char *t = getenv("FAKECUDA_COLLECTIVE_TIMEOUT_MS");
+    C.timeout_ns = (t && *t ? strtol(t, NULL, 10) : 2000) * 1000000LL;
     const char *v = getenv("FAKECUDA_COLLECTIVE");
     const char *colon = v ? strchr(v, ':') : NULL;
     if (!colon || colon == v || colon - v > 64)
@@ -100,7 +105,7 @@ void fakecoll_run(int phys, uint64_t ns) {
     atomic_store(&me->started, k);
     int64_t t0 = coll_now();
     for (int i = 0; i < C.npeers; i++) /* spin on this GPU until every peer has started step k */
-        while (atomic_load(&C.slots[C.peers[i]].started) < k) {
+        while (atomic_load(&C.slots[C.peers[i]].started) < k && coll_now() - t0 < C.timeout_ns) {
         }
     int64_t t1 = coll_now();
     coll_spin_until(t1 + (int64_t)ns);
