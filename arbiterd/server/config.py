@@ -109,7 +109,7 @@ class Config:
                               kind="choice", choices=OVERCOMMIT)
     default_memsize: int = GLOBAL["default_memsize"].as_field()
     gang_window_ms: int = setting(200, "an instance busy on two or more GPUs (policies 1 and 4) within this window is "
-                                  "a gang: its turns on all of them start and end together (behaviour §3, jobs that "
+                                  "a gang: its turns on all of them start and end together (behaviour §11, jobs that "
                                   "span GPUs); 0: gangs off, every GPU schedules it on its own", 0, 60_000,
                                   "integer", metavar="MS")
     linger_s: int = setting(60, "keep an instance record this long after its last client left (s)", 0, 86_400,
