@@ -63,3 +63,24 @@ def test_gangs_off_marks_nothing(hub: Hub) -> None:
     doc = hub.status().to_json()
     assert all(i["gang"] is None for g in doc["gpus"] for i in g["instances"])
     assert "GANG" not in smi.render(doc)
+
+
+def test_the_window_turns_gangs_off_and_on(hub: Hub) -> None:
+    """gang_window_ms (what a reload sets, Hub.retune): 0 dissolves the gang at once, its instances back among their
+    GPUs' own turns; the default forms it again at the job's next step."""
+    arb = hub.arbiter
+    now = time.monotonic_ns()
+    arb.provision("J", [0, 1], InstanceSettings(), now)
+    for cid, gpu in ((1, 0), (2, 1)):
+        arb.connect(cid, 100 + cid, 0)
+        arb.register(cid, "J", [gpu], {}, now)
+        arb.acquire(cid, gpu, now)
+    assert "J" in arb.gangs.gangs
+    arb.gangs.set_window(0, now + 1)
+    assert not arb.gangs.gangs and not any(s.instances["J"].gang for s in arb.scheds.values())
+    arb.gangs.set_window(hub.config.gang_window_ms * NS_PER_MS, now + 2)
+    arb.disconnect(1, now + 3)  # its next step: a process on GPU 0 asks again
+    arb.connect(3, 103, 0)
+    arb.register(3, "J", [0], {}, now + 3)
+    arb.acquire(3, 0, now + 3)
+    assert arb.gangs.gangs["J"].gpus == (0, 1)
