@@ -31,8 +31,9 @@ from typing import NoReturn
 
 from arbiterd.core import coremode, limits
 from arbiterd.core.allocations import AllocationBook
-from arbiterd.core.effects import NS_PER_S, Effect
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect
 from arbiterd.core.errors import BusyError, ConflictError, IdentityError, NotFoundError, SettingError
+from arbiterd.core.gang import GangBook
 from arbiterd.core.memory import MemDecision
 from arbiterd.core.records import (
     OVERCOMMIT,
@@ -75,6 +76,9 @@ class Arbiter:
         self.scheds = {
             g.index: GpuScheduler(g.index, settings.get(g.index, GpuSettings()), now) for g in gpus
         }
+        self.gangs = GangBook(self.config.gang_window_ms * NS_PER_MS)
+        for sched in self.scheds.values():
+            self.gangs.attach(sched)
         self.records: dict[tuple[int, str], InstanceRecord] = {}
         self.clients: dict[int, ClientInfo] = {}
         self.globals = GlobalSettings(default_memsize=self.config.default_memsize)

@@ -10,7 +10,7 @@ leases, one per client, the ring's segments, the weighted policy's idle turn.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,6 +53,7 @@ class InstanceState:
     limit: int = NO_LIMIT  # the most GPU time (%) it may use per period (limits.py)
     throttled_ns: int = 0  # time it waited with its runtime spent, intervals closed so far (limits.py)
     nr_throttled: int = 0  # such intervals
+    gang: bool = False  # one GPU of a gang (gang.py): its turns come from the gang, not from this GPU's policy
     waiters: dict[int, int] = field(default_factory=dict)  # client -> acquire time
 
 
@@ -77,6 +78,48 @@ class Charger(Protocol):
     def forget(self, lease: Lease) -> None: ...
 
     def revoked(self, lease: Lease) -> None: ...
+
+
+class GangHooks:
+    """What a GPU's classes ask of the gangs (gang.py) it may be part of; this default: none, so a GPU scheduled on
+    its own behaves as if gangs did not exist."""
+
+    @property
+    def active(self) -> bool:
+        """Whether some gang may use this GPU now (else the hooks are not asked)."""
+        return False
+
+    def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
+        """Effects for the current holder (a gang waits for its turn to end), or None."""
+        return None
+
+    def pick(self, now: int) -> list[Effect] | None:
+        """Grant a gang its turn (on every GPU of it at once), or None: the policy picks."""
+        return None
+
+    def fence(self, now: int) -> int | None:
+        """Where a turn granted by the policy now must end (a gang starts then), if anywhere."""
+        return None
+
+    def wakeup(self) -> int | None:
+        return None
+
+    def touched(self, inst: InstanceState, now: int) -> None:
+        """``inst`` may have gained or lost demand."""
+
+    def changed(self) -> None:
+        """Instances, weights, priorities, limits or the policy changed."""
+
+    def take(self) -> list[Effect]:
+        """Effects made for this GPU's clients or a peer's while acting on another (a gang's revoke)."""
+        return []
+
+    def shares(self, active: Collection[str], rest: float) -> dict[str, float]:
+        """The shares of this GPU's gang members while ``active`` have demand here."""
+        return {}
+
+
+NO_GANGS = GangHooks()
 
 
 class Keeper(Charger, Protocol):
@@ -158,6 +201,7 @@ class Runqueue:
         self.extension_ns = 0  # what a turn is lengthened by: the expected hand-over (see accounting.py)
         self.round_ns = 0  # the round of turns in force: the useful time every instance's turn takes, together
         self.bw = Bandwidth(self, now)  # the limited instances' quotas (limits.py)
+        self.gangs: GangHooks = NO_GANGS  # the gangs this GPU may be part of (gang.py)
 
     def extension_for(self, inst: InstanceState) -> int:
         """What a turn of ``inst`` is lengthened by: its own expected hand-over, the GPU's until it has one."""
@@ -202,7 +246,8 @@ class Runqueue:
         return self.lease is not None or bool(self.policy.leases) or bool(self.draining)
 
     def normal_members(self) -> list[InstanceState]:
-        return [i for i in self.instances.values() if i.weight > 0 and not i.highprio]
+        """The instances this GPU's policy gives turns to: weight above 0, not high priority, not in a gang."""
+        return [i for i in self.instances.values() if i.weight > 0 and not i.highprio and not i.gang]
 
     def next_order(self) -> int:
         self._orders += 1

@@ -78,6 +78,9 @@ class ArbiterConfig:
     # what a container's environment may ask for its own record (the daemon passes its config's; here: no cap)
     env_max_weight: int = MAX_INST_MAX
     env_highprio: bool = True
+    # a job busy on several GPUs within this window is a gang, given its turns on all of them at once (gang.py);
+    # 0: gangs off
+    gang_window_ms: int = 200
 
 
 def from_environment(want: InstanceSettings, cfg: ArbiterConfig, gpu: int, name: str) -> tuple[InstanceSettings,

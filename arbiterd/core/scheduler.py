@@ -136,7 +136,7 @@ class GpuScheduler(SettingWrites):
 
     def _resharing(self, effects: list[Effect], now: int) -> list[Effect]:
         self._reshare(now)
-        return effects
+        return effects + self.rq.gangs.take()
 
     def _touched(self, inst: InstanceState | None, now: int) -> None:
         """``inst`` may have gained or lost demand: reshare if it did."""
@@ -144,6 +144,8 @@ class GpuScheduler(SettingWrites):
             self.ent.toggle(inst.name, now)
         if inst is not None and inst.limit < NO_LIMIT:
             self.rq.bw.mark(inst, now)
+        if inst is not None and self.rq.gangs.active:
+            self.rq.gangs.touched(inst, now)
 
     def has_demand(self, name: str) -> bool:
         """Whether ``name`` waits for or holds a lease."""
@@ -170,6 +172,7 @@ class GpuScheduler(SettingWrites):
         self.instances[name] = inst
         self.rq.bw.track(inst, now)
         self.hp.changed()
+        self.rq.gangs.changed()
         self.policy.changed(now)
         to = self.policy.weight_switch(weight) if switch else None
         effects = self.set_policy(to, now) if to is not None else self.policy.schedule(now)
@@ -195,11 +198,12 @@ class GpuScheduler(SettingWrites):
         self.rq.waits.forget(name)
         self.rq.bw.forget(inst, now)
         self.hp.changed()
+        self.rq.gangs.changed()
         self.policy.removed(inst)
         self.policy.changed(now)
         effects += self.policy.schedule(now)
         self._reshare(now)
-        return effects
+        return effects + self.rq.gangs.take()
 
     # ----------------------------------------------------------------- events
     def acquire(self, name: str, client: int, now: int) -> list[Effect]:
@@ -224,7 +228,7 @@ class GpuScheduler(SettingWrites):
             inst.waiters.setdefault(client, now)
             effects = policy.schedule(now, arrived=inst)
         self._touched(inst, now)
-        return effects
+        return effects + rq.gangs.take() if rq.gangs.active else effects
 
     def release(
         self, client: int, lease_id: int, now: int, again: bool = False, used_ns: int | None = None,
@@ -269,6 +273,8 @@ class GpuScheduler(SettingWrites):
             return [], False
         effects = self.policy.schedule(now) if again else self.policy.released(now)
         self._touched(inst, now)
+        if self.rq.gangs.active:
+            effects += self.rq.gangs.take()
         return effects, current
 
     def release_moves_timer(self) -> bool:
@@ -286,7 +292,7 @@ class GpuScheduler(SettingWrites):
             self._drop_holder(lease, client, now)
         effects = self.policy.schedule(now)
         self._touched(inst, now)
-        return effects
+        return effects + self.rq.gangs.take()
 
     def tick(self, now: int) -> list[Effect]:
         """Act on every deadline that has passed by ``now``."""
@@ -301,7 +307,7 @@ class GpuScheduler(SettingWrites):
                 self._end_lease(lease, now)
         effects += self.policy.schedule(now)
         self.ent.move(self._with_demand(), now)  # several instances may have lost demand at once
-        return effects
+        return effects + self.rq.gangs.take()
 
     def next_wakeup(self) -> int | None:
         """The earliest time at which :meth:`tick` has something to do (asked after every acquire and release)."""

@@ -106,10 +106,11 @@ class SettingWrites:
             return []
         self.hp.accrue(now)
         self.policy, effects = switch.switch_policy(self.rq, self.hp, policy, now)
+        self.rq.gangs.changed()
         self.rq.bw.mark_all(now)  # limits come into force, or go out of it
         effects += self.policy.schedule(now)
         self._reshare(now)
-        return effects
+        return effects + self.rq.gangs.take()
 
     def set_max_inst(self, value: int, now: int) -> list[Effect]:
         self.check("max_inst", value)
@@ -144,6 +145,7 @@ class SettingWrites:
         self.check_weight(name, weight)
         inst = self.instances[name]
         inst.weight = weight
+        self.rq.gangs.changed()
         self.policy.changed(now)
         return self._resharing(self.policy.schedule(now), now)
 
@@ -159,6 +161,7 @@ class SettingWrites:
         inst = self.instances[name]
         inst.limit = limit
         self.rq.bw.track(inst, now)
+        self.rq.gangs.changed()
         self.policy.changed(now)
         return self._resharing(self.policy.schedule(now), now)
 
@@ -171,5 +174,6 @@ class SettingWrites:
         INSTANCE["highprio"].check(highprio)
         inst.highprio = bool(highprio)
         self.hp.changed()
+        self.rq.gangs.changed()
         self.policy.changed(now)
         return self._resharing(self.policy.schedule(now), now)

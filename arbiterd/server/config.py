@@ -108,6 +108,10 @@ class Config:
                               "queue it at weight 0 (no GPU time) until the weight it asked for is free",
                               kind="choice", choices=OVERCOMMIT)
     default_memsize: int = GLOBAL["default_memsize"].as_field()
+    gang_window_ms: int = setting(200, "an instance busy on two or more GPUs (policies 1 and 4) within this window is "
+                                  "a gang: its turns on all of them start and end together (behaviour §11, jobs that "
+                                  "span GPUs); 0: gangs off, every GPU schedules it on its own", 0, 60_000,
+                                  "integer", metavar="MS")
     linger_s: int = setting(60, "keep an instance record this long after its last client left (s)", 0, 86_400,
                             "integer", metavar="S")
     client_mode: int | None = setting(None, "file mode of arbiter.sock, in octal (default 0660: root and "

@@ -29,7 +29,7 @@ import cgpu_protocol as p
 from arbiterd.core import binding, snapshot, tree
 from arbiterd.core.arbiter import Arbiter, ArbiterConfig, GpuInfo
 from arbiterd.core.containment import Containment
-from arbiterd.core.effects import NS_PER_S, Effect, GrantLease
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect, GrantLease
 from arbiterd.core.errors import BusyError, CoreError, IdentityError, NotFoundError
 from arbiterd.core.settings import GPU, INSTANCE, MAX_INST_MAX, InstanceSettings
 from arbiterd.server import identity, status, tokens
@@ -88,7 +88,7 @@ def arbiter_config(cfg: Config) -> ArbiterConfig:
                          clients_shape_gpus=declared, max_records_per_uid=cfg.max_records_per_uid,
                          # identity = declared (development hosts) trusts what a client says, its environment too
                          env_max_weight=MAX_INST_MAX if declared else cfg.client_env_max_weight,
-                         env_highprio=declared or cfg.client_env_highprio)
+                         env_highprio=declared or cfg.client_env_highprio, gang_window_ms=cfg.gang_window_ms)
 
 
 def new_arbiter(cfg: Config, gpus: list[GpuInfo], now: int) -> Arbiter:
@@ -226,7 +226,8 @@ class Hub:
                             f"{cap} (max_clients_per_instance)")
 
     def _acquire(self, client: Peer, msg: p.Acquire, now: int) -> Outcome:
-        return (NO_REPLY, self.arbiter.acquire(client.cid, msg.gpu, now), msg.gpu)
+        # a gang's step on one GPU may move another's deadline: every GPU's timer is asked then
+        return (NO_REPLY, self.arbiter.acquire(client.cid, msg.gpu, now), None if self.arbiter.gangs.gangs else msg.gpu)
 
     def _release(self, client: Peer, msg: p.Release, now: int) -> Outcome:
         arb = self.arbiter
@@ -234,7 +235,9 @@ class Hub:
                                  warmup_ns=msg.warmup_ns)
         replies = (p.Ok(msg.id),) if msg.id is not None else NO_REPLY
         # a release that granted nothing moves no deadline where every client holds its own lease (native)
-        timer = msg.gpu if effects or arb.scheds[msg.gpu].release_moves_timer() else NO_TIMER
+        timer: int | None = msg.gpu if effects or arb.scheds[msg.gpu].release_moves_timer() else NO_TIMER
+        if arb.gangs.gangs:  # a gang's step on one GPU may move another's deadline
+            timer = None
         return (replies, effects, timer)
 
     def _mem_reserve(self, client: Peer, msg: p.MemReserve, now: int) -> Outcome:
@@ -471,6 +474,10 @@ class Hub:
             setattr(acfg, name, getattr(fresh, name))
         if new.default_memsize != old.default_memsize:
             self.arbiter.set_global("default_memsize", default_memsize(new))
+        if new.gang_window_ms != old.gang_window_ms:
+            self.arbiter.gangs.set_window(new.gang_window_ms * NS_PER_MS, now)
+            effects += self.arbiter.gangs.take()
+            log.info("reload: gang_window_ms %d -> %d", old.gang_window_ms, new.gang_window_ms)
         self.identity = IdentityResolver(new.identity, new.proc_root, new.host_clients)
         self.config = new
         self.apply(effects)

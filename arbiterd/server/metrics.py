@@ -53,6 +53,7 @@ class ArbiterCollector(Collector):
         yield from _gpu_metrics(doc, self.hub.handover_meters())
         yield from _instance_metrics(doc)
         yield from _limit_metrics(doc)
+        yield from _gang_metrics(doc)
         yield from _containment_metrics(doc)
         yield from _client_metrics(self.hub)
 
@@ -192,6 +193,27 @@ def _limit_metrics(doc: DaemonStatus) -> Iterator[Metric]:
             limit.add_metric(li, i.limit)
             throttled.add_metric(li, i.throttled_seconds)
     yield from (limit, throttled)
+
+
+def _gang_metrics(doc: DaemonStatus) -> Iterator[Metric]:
+    """Gangs (behaviour §11): which instances are one, their collective spin, and each GPU's aligned idle."""
+    gi = ["gpu", "instance"]
+    member = GaugeMetricFamily("cgpu_instance_gang_gpus", "The number of GPUs of the gang the instance is one GPU of "
+                               "(0: in none)", labels=gi)
+    spin = CounterMetricFamily("cgpu_instance_gang_spin_seconds", "Collective spin as far as the daemon sees it: "
+                               "time the instance held the GPU past its gang turn's deadline while a peer waited "
+                               "for the next turn", labels=gi)
+    turns = CounterMetricFamily("cgpu_gpu_gang_turns", "Gang turns granted on the GPU", labels=["gpu"])
+    idle = CounterMetricFamily("cgpu_gpu_gang_idle_seconds", "Time the GPU idled for a gang's alignment, with "
+                               "nobody to fill the wait for its peers", labels=["gpu"])
+    for g in doc.gpus:
+        turns.add_metric([str(g.index)], g.gang_turns)
+        idle.add_metric([str(g.index)], g.gang_idle_seconds)
+        for i in g.instances:
+            li = [str(g.index), i.id]
+            member.add_metric(li, len(i.gang) if i.gang else 0)
+            spin.add_metric(li, i.gang_spin_seconds)
+    yield from (member, spin, turns, idle)
 
 
 def _client_metrics(hub: Hub) -> Iterator[Metric]:

@@ -123,6 +123,8 @@ class InstanceStatus:
     limit: int = 100  # its ceiling, % of the GPU (100: none; arbiterd.core.limits)
     throttled_seconds: float = 0.0  # time it waited with its limit's runtime spent
     labels: dict[str, str] | None = None  # its pod (namespace, pod, container), from its allocations; None: not a pod's
+    gang: list[int] | None = None  # the GPUs of the gang it is one GPU of (behaviour §11); None: in none
+    gang_spin_seconds: float = 0.0  # time it held this GPU past its gang turn's deadline while a peer waited
 
 
 @dataclass(slots=True)
@@ -173,6 +175,8 @@ class GpuStatus:
     unmanaged_kills: int = 0
     memory_kills: int = 0
     memory_breaches: int = 0  # instances over their limit past memory_grace_ms
+    gang_turns: int = 0  # gang turns granted on this GPU (behaviour §11)
+    gang_idle_seconds: float = 0.0  # time it idled for a gang's alignment, with nobody to fill the wait
 
 
 @dataclass(slots=True)
@@ -265,6 +269,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 sched.has_demand(rec.name), p50, p99,
                 limit=st.limit, throttled_seconds=sched.throttled_ns(rec.name, now) / 1e9,
                 labels=rec.labels.to_json() if rec.labels else None,
+                gang=list(gang.gpus) if (gang := arb.gangs.gang_of(g.index, rec.name)) is not None else None,
+                gang_spin_seconds=arb.gangs.spin.get((g.index, rec.name), 0) / 1e9,
             ))
         transit, warmup = sched.handover.parts
         gs = GpuStatus(
@@ -275,7 +281,8 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
             sched.free_weight, busy / 1e9, busy_pct, sched.stats.grants, sched.stats.revocations,
             dict(sched.stats.revoked), sched.stats.overruns, worst,
             arb.allocations.alloc_mem(g.index), arb.allocations.alloc_core(g.index), g.driver_version,
-            g.compute_capability, insts,
+            g.compute_capability, insts, gang_turns=arb.gangs.stats[g.index].turns,
+            gang_idle_seconds=arb.gangs.idle_ns(g.index, now) / 1e9,
         )
         out.append(gs)
     return DaemonStatus(__version__, os.getpid(), round(time.time() - started_at, 3), describe(), clients,

@@ -15,16 +15,17 @@ from libcgpu_client.native import build as nb
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "cuda_job.c"  # the CUDA job program (its modes: the comment at its top)
-FAKES = (("fakecuda.c", "libcuda.so.1"), ("fakenvml.c", "libnvidia-ml.so.1"))
+# each library's sources (the collective kernel, fakecoll.c, is linked into the fake driver)
+FAKES = ((("fakecuda.c", "fakecoll.c"), "libcuda.so.1"), (("fakenvml.c",), "libnvidia-ml.so.1"))
 
 
 def build_fakes(out_dir: Path, asan: bool = False) -> Path:
     """The fake libcuda.so.1 and libnvidia-ml.so.1, in ``out_dir`` (put it on LD_LIBRARY_PATH)."""
-    for src, soname in FAKES:
-        path = HERE / src
-        args = [*nb.flags(asan), f"-I{SHIM_DIR}", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic",
-                f"-Wl,-soname,{soname}", str(path), "-lpthread"]
-        nb.gcc(args, out_dir / soname, [path, *nb.headers()])
+    for srcs, soname in FAKES:
+        paths = [HERE / src for src in srcs]
+        args = [*nb.flags(asan), f"-I{SHIM_DIR}", f"-I{HERE}", "-fPIC", "-shared", "-fvisibility=hidden",
+                "-Wl,-Bsymbolic", f"-Wl,-soname,{soname}", *map(str, paths), "-lpthread", "-lrt"]
+        nb.gcc(args, out_dir / soname, [*paths, HERE / "fakecoll.h", *nb.headers()])
     return out_dir
 
 

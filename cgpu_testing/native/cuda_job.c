@@ -24,6 +24,9 @@
  *                                                  each a launch and a stream sync. Prints the end's rc, the first
  *                                                  failing replay's rc (0: none), and how many of the second
  *                                                  thread's launches waited 2 ms or more (a lease ended)
+ *   collective                                     from here on, serve ends each batch with a cgpu_allreduce of MS
+ *                                                  in place of its last kernel (a training step's all-reduce; the
+ *                                                  fake driver's collective, fakecoll.c: fake driver only)
  *   sleep=MS  ready
  *   serve=MS,BATCH                                 on stdin commands: run (BATCH kernels of MS, a stream
  *                                                  sync, again), pause, dump PATH (batch end times, JSON), quit
@@ -179,7 +182,7 @@ static struct { unsigned long long p; int kind; } allocs[4096];
 static int nallocs;
 
 static CUstream stream;
-static CUfunction spin_fn, null_fn;
+static CUfunction spin_fn, null_fn, last_fn; /* last_fn: each served batch's last kernel */
 static const char *api_kind = "launch";
 
 static CUresult launch_one(CUfunction f, uint64_t *ns) {
@@ -255,7 +258,7 @@ static void *serve_spin(void *arg) {
             break;
         pthread_mutex_unlock(&S.mu);
         for (int k = 0; k < S.batch; k++)
-            CHECK(launch_one(spin_fn, &S.ns));
+            CHECK(launch_one(k == S.batch - 1 ? last_fn : spin_fn, &S.ns));
         CHECK(api.cuStreamSynchronize(stream));
         int64_t t = now_ns();
         pthread_mutex_lock(&S.mu);
@@ -420,6 +423,7 @@ int main(int argc, char **argv) {
     CHECK(api.cuModuleLoadData(&mod, SPIN_PTX));
     CHECK(api.cuModuleGetFunction(&spin_fn, mod, "cgpu_spin"));
     CHECK(api.cuModuleGetFunction(&null_fn, mod, "cgpu_null"));
+    last_fn = spin_fn;
 
     for (; i < argc; i++) {
         char *a = argv[i], *v = strchr(a, '=');
@@ -508,6 +512,9 @@ int main(int argc, char **argv) {
             if (sscanf(v, "%lf,%d", &ms, &batch) != 2)
                 return 2;
             serve(ms, batch, ctx);
+        } else if (strcmp(a, "collective") == 0) {
+            CHECK(api.cuModuleGetFunction(&last_fn, mod, "cgpu_allreduce"));
+            printf("collective\n");
         } else if (strcmp(a, "ready") == 0) {
             printf("ready pid=%d\n", (int)getpid());
         } else {

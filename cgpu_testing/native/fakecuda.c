@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cuda_min.h" /* libcgpu_client/native, on the -I path */
+#include "fakecoll.h" /* the collective kernel, cgpu_allreduce (fakecoll.c) */
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 16
@@ -35,7 +36,7 @@ static int64_t now_ns(void) {
 
 /* ------------------------------------------------------------------ model */
 
-enum { OP_KERNEL, OP_EVENT, OP_GRAPH, OP_FREE };
+enum { OP_KERNEL, OP_EVENT, OP_GRAPH, OP_FREE, OP_COLLECTIVE };
 
 struct CUgraph_st {
     int n, cap;
@@ -88,13 +89,13 @@ struct CUevent_st {
 };
 
 struct CUfunc_st {
-    int kind; /* 0 spin, 1 null */
+    int kind; /* 0 spin, 1 null, 2 allreduce (fakecoll.c) */
 };
 struct CUmod_st {
     int loaded;
 };
 
-static struct CUfunc_st fn_spin = {0}, fn_null = {1};
+static struct CUfunc_st fn_spin = {0}, fn_null = {1}, fn_allreduce = {2};
 
 static struct {
     atomic_int inited;
@@ -165,6 +166,7 @@ static void *worker_main(void *arg) {
             break;
         case OP_EVENT: o->ev->when = now_ns(); break;
         case OP_FREE: break;
+        case OP_COLLECTIVE: fakecoll_run(D.phys[c->dev], o->ns); break;
         }
         pthread_mutex_lock(&c->mu);
         if (o->kind == OP_FREE)
@@ -862,6 +864,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name
         *pf = &fn_spin;
     else if (strcmp(name, "cgpu_null") == 0)
         *pf = &fn_null;
+    else if (strcmp(name, "cgpu_allreduce") == 0)
+        *pf = &fn_allreduce;
     else
         return CUDA_ERROR_NOT_FOUND;
     return CUDA_SUCCESS;
@@ -869,7 +873,7 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name
 
 static CUresult launch(CUfunction f, CUstream s, void **params) {
     CHECK_INIT();
-    if (f != &fn_spin && f != &fn_null)
+    if (f != &fn_spin && f != &fn_null && f != &fn_allreduce)
         return CUDA_ERROR_INVALID_HANDLE;
     s = resolve_stream(s);
     if (!s)
@@ -881,6 +885,8 @@ static CUresult launch(CUfunction f, CUstream s, void **params) {
     uint64_t ns = *(const uint64_t *)params[0]; /* parameters are copied at launch */
     if (s->capturing && s->invalidated)
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (s->capturing && f == &fn_allreduce)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* collectives in graphs are not modelled */
     if (s->capturing) {
         CUgraph g = s->graph;
         if (g->n == g->cap) {
@@ -897,7 +903,7 @@ static CUresult launch(CUfunction f, CUstream s, void **params) {
     op *o = calloc(1, sizeof *o);
     if (!o)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    o->kind = OP_KERNEL;
+    o->kind = f == &fn_allreduce ? OP_COLLECTIVE : OP_KERNEL;
     o->ns = ns;
     return enqueue(s, o);
 }

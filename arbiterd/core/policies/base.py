@@ -100,12 +100,17 @@ class Policy:
         hp = self.hp
         hp.accrue(now)
         lease = gpu.lease
+        gangs = gpu.gangs
         if lease is not None:
             effects = hp.holder_check(lease, now)
+            if effects is None and gangs.active:
+                effects = gangs.holder_check(lease, now)
             if effects is None:
                 effects = self.holder_check(lease, now)
             return effects or []
         picked = hp.pick(now)
+        if picked is None and gangs.active:
+            picked = gangs.pick(now)
         return picked if picked is not None else self.pick(now)
 
     def released(self, now: int) -> list[Effect]:
@@ -121,10 +126,13 @@ class Policy:
             at = lease.cutoff(overrun_ns)
             hp = self.hp.wakeup(lease)
             at = at if hp is None or hp > at else hp
+            if gpu.gangs.active and (gang := gpu.gangs.wakeup()) is not None and gang < at:
+                at = gang
             return at if refill is None or refill > at else refill
+        gang = gpu.gangs.wakeup() if gpu.gangs.active else None
         if gpu.draining or not any(i.waiters for i in gpu.instances.values()):
-            return None
-        times = [t for t in (self.hp.wakeup(None), self.wakeup(), refill) if t is not None]
+            return gang
+        times = [t for t in (self.hp.wakeup(None), self.wakeup(), refill, gang) if t is not None]
         return min(times) if times else None
 
     def entitled(self, live: list[InstanceState], starved: list[InstanceState], active: Collection[str]

@@ -39,9 +39,9 @@ class VirtualTime(Policy):
         gpu = self.gpu
         bw = gpu.bw
         active = [i.vruntime for i in gpu.instances.values()
-                  if i is not inst and i.weight > 0 and i.waiters and not bw.throttled(i)]
+                  if i is not inst and i.weight > 0 and not i.gang and i.waiters and not bw.throttled(i)]
         for lease in gpu.holders():
-            if lease.inst is not inst and lease.inst.weight > 0:
+            if lease.inst is not inst and lease.inst.weight > 0 and not lease.inst.gang:
                 # up to the turn's end only: time past it is debt, charged at the holder's next turn
                 useful_end = lease.deadline_ns - lease.extension_ns
                 running = max(0, min(now, useful_end) - lease.granted_ns - lease.prepaid_ns)
@@ -62,14 +62,16 @@ class VirtualTime(Policy):
         gpu = self.gpu
         bw = gpu.bw
         active = [i.vruntime for i in gpu.instances.values()
-                  if i.weight > 0 and (i.leases or i is inst or self.counts_for_floor(i)
+                  if i.weight > 0 and not i.gang and (i.leases or i is inst or self.counts_for_floor(i)
                                        or (i.waiters and not bw.throttled(i)))]
         if active:
             gpu.min_vr = max(gpu.min_vr, min(active))
 
     def round_weight(self) -> int:
-        """The slices one round of turns takes: the weights of the normal instances with demand."""
-        return sum(self.vtime_weight(i) for i in self.gpu.normal_members() if i.waiters or i.leases)
+        """The slices one round of turns takes: the weights of the normal instances with demand (a gang's
+        included: its turns are part of the round, gang.py)."""
+        return sum(self.vtime_weight(i) for i in self.gpu.instances.values()
+                   if i.weight > 0 and not i.highprio and (i.waiters or i.leases))
 
     def turn_slice_ns(self) -> int:
         """The slice of this round: the slice in force, cut to fit the round target (Runqueue.round_slice_ns)."""
@@ -80,10 +82,12 @@ class VirtualTime(Policy):
         return inst.weight * self.turn_slice_ns()
 
     def contended(self, inst: InstanceState) -> bool:
-        """Whether another instance wants the GPU that ``inst`` holds: a normal one (a high-priority one with
-        credit preempts by itself), or any at all where ``inst`` is high priority, on leftover time."""
-        others = self.gpu.instances.values() if inst.highprio else self.gpu.normal_members()
-        bw = self.gpu.bw
+        """Whether another instance wants the GPU that ``inst`` holds: a normal one or a gang's (a high-priority one
+        with credit preempts by itself), or any at all where ``inst`` is high priority, on leftover time."""
+        gpu = self.gpu
+        others: list[InstanceState] | Collection[InstanceState] = gpu.instances.values() if inst.highprio else (
+            [i for i in gpu.instances.values() if not i.highprio] if gpu.gangs.active else gpu.normal_members())
+        bw = gpu.bw
         return any(i.waiters and not bw.throttled(i) for i in others if i is not inst and i.weight > 0)
 
     def pay_debt(self, inst: InstanceState, full: int) -> int:
@@ -114,6 +118,9 @@ class VirtualTime(Policy):
         """Grant a turn of ``length`` useful ns, lengthened by the expected hand-over; extend it while
         nobody else wants the GPU (no renewals when alone), a high-priority instance's leftover time too."""
         ext = self.gpu.extension_for(inst)
+        fence = self.gpu.gangs.fence(now) if self.gpu.gangs.active else None
+        if fence is not None:  # a gang starts then: the turn fills the gap up to it (gang.py)
+            return self.gpu.grant(inst, now, min(now + length + ext, fence), self, extension=min(ext, fence - now))
         if self.contended(inst):
             return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
         effects = self.gpu.grant(inst, now, now + max(length + ext, EXTENDED_NS), self, extension=ext)
@@ -135,9 +142,16 @@ class VirtualTime(Policy):
         return [GrantLease(c, self.gpu.index, lease.id, nominal, 0) for c in sorted(lease.clients)]
 
     def shares(self, members: list[InstanceState], active: Collection[str], rest: float) -> dict[str, float]:
-        """Work-conserving: weights among the instances with demand."""
+        """Work-conserving: weights among the instances with demand; a gang's members take the gang's share
+        first (gang.py), and the others share what is left."""
+        gangs = self.gpu.gangs.shares(active, rest) if self.gpu.gangs.active else {}
+        if gangs:
+            rest -= sum(gangs.values())
+            members = [i for i in members if i.name not in gangs]
         total = sum(self.vtime_weight(i) for i in members if i.name in active) or 1
-        return {i.name: rest * self.vtime_weight(i) / total if i.name in active else 0.0 for i in members}
+        out = {i.name: rest * self.vtime_weight(i) / total if i.name in active else 0.0 for i in members}
+        out.update(gangs)
+        return out
 
     def pick(self, now: int) -> list[Effect]:
         """Work-conserving: the least virtual time among instances with demand."""
@@ -145,9 +159,12 @@ class VirtualTime(Policy):
         bw = gpu.bw
         candidates = [i for i in gpu.normal_members() if i.waiters and not bw.throttled(i)]
         if not candidates:  # leftover time goes to high-priority instances past their cap
-            candidates = [i for i in gpu.instances.values() if i.weight > 0 and i.waiters and not bw.throttled(i)]
+            candidates = [i for i in gpu.instances.values()
+                          if i.weight > 0 and not i.gang and i.waiters and not bw.throttled(i)]
         if not candidates:
             return []
+        if gpu.gangs.active and (fence := gpu.gangs.fence(now)) is not None and fence <= now:
+            return []  # a gang is about to start here: nothing fits before it
         inst, length = self.next_turn(candidates)
         return self.grant_turn(inst, now, length)
 

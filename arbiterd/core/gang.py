@@ -1,0 +1,561 @@
+"""Gang leases: a job busy on several GPUs gets its turns on all of them at the same moment (behaviour §11, jobs
+that span GPUs).
+
+How this works
+--------------
+As Linux core scheduling makes one pick for every SMT sibling of a core, so that only tasks with the same cookie
+run side by side, the :class:`GangBook` makes one pick for every GPU of a *gang*: an instance registered on several
+GPUs and busy (waiting for or holding a lease) on two or more of them within ``window_ns``, on GPUs whose policy is
+work-conserving virtual time (1 or 4), where it is neither high priority nor limited. Those GPUs are its *members*.
+A gang's instances are taken out of their GPUs' own picks (``InstanceState.gang``); the GPUs' policies share what
+the gang leaves, and know of gangs only through :class:`GangView` (the ``Runqueue.gangs`` hooks).
+
+*Entitlement.* On each member GPU the gang is a tenant of its weight: ``rest * w / W`` there (``W``: the weights
+with demand, the gang's included; ``rest``: what high priority leaves). It can only use what it has everywhere at
+once, so its share is the least of these, on every member; each GPU's other tenants share the rest by weight.
+
+*Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are
+held (as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
+every member, the gang is *armed*: each member GPU ends its current turn where that turn's nominal end is (an
+extended lone holder is cut back to it); a GPU whose turn ends before its peers' gives the gap to its own tenants,
+in a turn cut to end where the last peer's ends (:meth:`GangView.fence`); when every member GPU is free the gang is
+granted all of them at once, one deadline for all. A revoke of one member's lease (high priority, an operator)
+revokes the others. Time that nobody else wants on any member GPU goes to a gang with work on all of them (spent
+from its credit like any turn). A member GPU idles only where the gang needs it and it has nobody to fill the gap
+with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease
+from arbiterd.core.model import Bill, GangHooks, InstanceState, Lease, Runqueue
+from arbiterd.core.policies.base import Policy
+from arbiterd.core.policies.highprio import HighPriority
+from arbiterd.core.policies.vtime import VirtualTime
+from arbiterd.core.settings import NO_LIMIT
+
+log = logging.getLogger("arbiterd.core")
+
+GANG_POLICIES = (1, 4)  # work-conserving virtual time: what a GPU cannot give a gang, its others may use
+DEFAULT_WINDOW_MS = 200
+CREDIT_TURNS = 2  # credit banked (and owed) is held within this many turns either way
+
+
+class Member(Protocol):
+    """What the book needs of one GPU's scheduler."""
+
+    rq: Runqueue
+    hp: HighPriority
+    policy: Policy
+
+
+@dataclass(slots=True, eq=False)
+class Gang:
+    """One instance's gang over ``gpus``."""
+
+    name: str
+    gpus: tuple[int, ...]
+    t: int  # credit accrued up to here
+    credit: float = 0.0  # ns of turn it may take now
+    rate: float = 0.0  # its share now: credit per ns of wall time
+    armed: bool = False
+    turn: dict[int, Lease] = field(default_factory=dict)  # the leases of its turn under way, by GPU
+    kept: dict[int, int] = field(default_factory=dict)  # GPUs of its turn it had no waiter on: kept for it until
+    turn_size: int = 0  # how many GPUs that turn was granted on
+    ext: int = 0  # the hand-over its turn under way was lengthened by
+    turn_end: int = 0  # that turn's deadline
+    turns: int = 0
+    held_ns: int = 0  # its leases' held time, summed over its GPUs
+
+
+@dataclass(slots=True)
+class GangStats:
+    """Per GPU: aligned idle (nothing could fill the wait for a gang's peers) and gang turns granted."""
+
+    idle_ns: int = 0
+    turns: int = 0
+    idle_since: int | None = None
+
+
+class GangBook:
+    """Every gang of the node, and the one pick that starts a gang's turn on all its GPUs."""
+
+    bills = True
+
+    def __init__(self, window_ns: int = DEFAULT_WINDOW_MS * NS_PER_MS) -> None:
+        self.window_ns = window_ns  # 0: gangs off
+        self.members: dict[int, Member] = {}
+        self.gangs: dict[str, Gang] = {}
+        self.stats: dict[int, GangStats] = {}
+        self._multi: dict[str, tuple[int, ...]] = {}  # instances eligible on two or more GPUs
+        self._dirty = True
+        self._busy: dict[tuple[int, str], int] = {}  # when an eligible instance last had demand on a GPU
+        self._leases: dict[int, Gang] = {}  # lease id() -> the gang whose turn it is
+        self._outbox: list[Effect] = []
+        self._t = 0
+        self.assumed: Mapping[int, Collection[str]] | None = None  # demand to assume (a simulator's targets)
+        # collective spin as far as the daemon sees it, per (GPU, instance): time a member held its lease past the
+        # turn's deadline while a peer waited for its next turn (its kernel waiting for that peer's)
+        self.spin: dict[tuple[int, str], int] = {}
+
+    def attach(self, member: Member) -> None:
+        idx = member.rq.index
+        self.members[idx] = member
+        self.stats[idx] = GangStats()
+        member.rq.gangs = GangView(self, idx)
+        self._dirty = True
+
+    # ---------------------------------------------------------------- membership
+    @property
+    def enabled(self) -> bool:
+        return self.window_ns > 0 and len(self.members) > 1
+
+    def set_window(self, window_ns: int, now: int) -> None:
+        """Set the window (0: gangs off, every gang dissolves)."""
+        self.window_ns = window_ns
+        self._dirty = True
+        self.sync(now)
+
+    def _eligible(self, rq: Runqueue, inst: InstanceState) -> bool:
+        return (rq.settings.policy in GANG_POLICIES and inst.weight > 0 and not inst.highprio
+                and inst.limit >= NO_LIMIT and not rq.draining)
+
+    def _recount(self) -> None:
+        on: dict[str, list[int]] = {}
+        if self.enabled:
+            for idx, m in self.members.items():
+                rq = m.rq
+                for name, inst in rq.instances.items():
+                    if self._eligible(rq, inst):
+                        on.setdefault(name, []).append(idx)
+        self._multi = {n: tuple(g) for n, g in on.items() if len(g) > 1}
+        self._dirty = False
+
+    def _has_demand(self, gpu: int, name: str) -> bool:
+        inst = self.members[gpu].rq.instances.get(name)
+        return inst is not None and (bool(inst.waiters) or inst.leases > 0)
+
+    def refresh(self, now: int) -> None:
+        """Form, change and dissolve gangs by the rule (module docstring)."""
+        if self._dirty:
+            self._recount()
+        want: dict[str, tuple[int, ...]] = {}
+        for name, gpus in self._multi.items():
+            busy = tuple(g for g in gpus if self._has_demand(g, name)
+                         or self._busy.get((g, name), -self.window_ns - 1) >= now - self.window_ns)
+            if len(busy) > 1:
+                want[name] = busy
+        for name, gang in list(self.gangs.items()):
+            if want.get(name) != gang.gpus:
+                del self.gangs[name]
+                for g in gang.gpus:
+                    self._unflag(g, name, now)
+        for name, gpus in want.items():
+            if name not in self.gangs:
+                gang = Gang(name, gpus, now)
+                self.gangs[name] = gang
+                for g in gpus:
+                    self.members[g].rq.instances[name].gang = True
+
+    def _unflag(self, gpu: int, name: str, now: int) -> None:
+        m = self.members.get(gpu)
+        if m is None:
+            return
+        inst = m.rq.instances.get(name)
+        if inst is None or not inst.gang:
+            return
+        inst.gang = False
+        if inst.waiters or inst.leases:
+            m.policy.demand(inst, now)  # back among its GPU's turns, at the tail of the round
+
+    def changed(self) -> None:
+        self._dirty = True
+
+    def touched(self, gpu: int, inst: InstanceState, now: int) -> None:
+        if inst.name in self._multi or self._dirty:
+            self._busy[(gpu, inst.name)] = now
+
+    # ---------------------------------------------------------------- credit and shares
+    def share(self, gang: Gang, gpu: int | None = None, active_here: Collection[str] | None = None) -> float:
+        """The gang's share: the least of its weight's share over its GPUs (rest * w / W on each)."""
+        best = 1.0
+        for g in gang.gpus:
+            m = self.members[g]
+            rq = m.rq
+            if g == gpu and active_here is not None:
+                active: Collection[str] = active_here
+            elif self.assumed is not None:
+                active = self.assumed.get(g, ())
+            else:
+                active = {n for n, i in rq.instances.items() if i.waiters or i.leases}
+            normals = [i for i in rq.instances.values() if i.weight > 0 and not i.highprio]
+            _, rest = m.hp.shares(active, True, True, m.policy.limited())
+            weights = sum(m.policy.vtime_weight(i) for i in normals if i.name in active or i.name == gang.name)
+            own = m.policy.vtime_weight(rq.instances[gang.name])
+            best = min(best, rest * own / weights if weights else 0.0)
+        return best
+
+    def _active(self, gang: Gang) -> bool:
+        if self.assumed is not None:
+            return any(gang.name in self.assumed.get(g, ()) for g in gang.gpus)
+        return any(self._has_demand(g, gang.name) for g in gang.gpus)
+
+    def turn_ns(self, gang: Gang) -> int:
+        """One turn of the gang: the longest its weight's turn is on any of its GPUs."""
+        return max(self._turn_on(g, gang.name) for g in gang.gpus)
+
+    def _turn_on(self, gpu: int, name: str) -> int:
+        m = self.members[gpu]
+        inst = m.rq.instances[name]
+        if isinstance(m.policy, VirtualTime):
+            return m.policy.turn_ns(inst)
+        return max(1, inst.weight) * m.rq.slice_ns  # its GPU left the gang's policies: it dissolves at the next sync
+
+    def accrue(self, now: int) -> None:
+        dt = now - self._t
+        if dt <= 0:
+            return
+        self._t = now
+        for gang in self.gangs.values():
+            if now > gang.t:
+                gang.credit += gang.rate * (now - gang.t)
+                gang.t = now
+                turn = self.turn_ns(gang)
+                gang.credit = max(-CREDIT_TURNS * turn, min(gang.credit, CREDIT_TURNS * turn))
+
+    def rerate(self) -> None:
+        for gang in self.gangs.values():
+            gang.rate = self.share(gang) if self._active(gang) else 0.0
+
+    # ---------------------------------------------------------------- the pick
+    def sync(self, now: int) -> None:
+        """Bring credit to ``now``, the gangs up to date, and arm those due (the cut-backs this makes, on any of
+        their GPUs, go out with the effects of the call under way: :meth:`take`)."""
+        self.accrue(now)
+        self.refresh(now)
+        self.rerate()
+        for gang in self.gangs.values():
+            if gang.armed and self._blocked_by_gang(gang, now):
+                gang.armed = False  # it yields: the gang that holds one of its GPUs goes first (just below)
+        # a gang that holds one of its GPUs already (a kernel waiting for its peers) arms first, then the most owed
+        for gang in sorted(self.gangs.values(), key=lambda g: (not self._holds(g), -g.credit)):
+            if gang.kept:
+                gang.kept = {g: end for g, end in gang.kept.items() if end > now}
+            # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
+            # them overlaps what it still has to earn
+            if not gang.armed and not self._in_turn(gang, now) and self._waits(gang) \
+                    and gang.credit + gang.rate * self._busy_for(gang, now) >= self.turn_ns(gang) // 2 \
+                    and not self._armed_on(gang.gpus):
+                gang.armed = True
+                log.debug("gang %s armed at %d (credit %.0f, GPUs %s)", gang.name, now, gang.credit, gang.gpus)
+                self._outbox += self._cut_back(gang, now)
+
+    def _holds(self, gang: Gang) -> bool:
+        """Whether the gang holds the lease on one of its GPUs."""
+        return any((lease := self.members[g].rq.lease) is not None and lease.inst.name == gang.name
+                   for g in gang.gpus)
+
+    def _blocked_by_gang(self, gang: Gang, now: int) -> bool:
+        """Whether one of the armed ``gang``'s GPUs is held by another gang outside its turn (its kernel waits
+        for a peer, which waits for a turn): that gang must run first, or both wait until overrun_ms."""
+        for g in gang.gpus:
+            lease = self.members[g].rq.lease
+            other = self.gangs.get(lease.inst.name) if lease is not None else None
+            if other is not None and other is not gang and not self._in_turn(other, now) and self._waits(other):
+                return True
+        return False
+
+    def _busy_for(self, gang: Gang, now: int) -> int:
+        """How long until the current turns on the gang's GPUs (not its own) end."""
+        end = now
+        for g in gang.gpus:
+            lease = self.members[g].rq.lease
+            if lease is not None and lease.inst.name != gang.name and lease.revoked_ns is None:
+                end = max(end, lease.nominal_ns if lease.nominal_ns is not None else lease.deadline_ns)
+        return end - now
+
+    @staticmethod
+    def _in_turn(gang: Gang, now: int) -> bool:
+        """Whether a turn of the gang is under way: a GPU kept for it, or a lease of it neither revoked nor past
+        its deadline (one held past it, a kernel waiting for a peer, is adopted by the next turn)."""
+        return bool(gang.kept) or any(lease.revoked_ns is None and now < lease.deadline_ns
+                                      for lease in gang.turn.values())
+
+    def _waits(self, gang: Gang) -> bool:
+        """Whether the gang waits on one of its GPUs (the others may be held by a kernel spinning for a peer,
+        or between launches: they are kept for it)."""
+        return any(bool(self.members[g].rq.instances[gang.name].waiters) for g in gang.gpus)
+
+    def kept_until(self, gpu: int, now: int) -> tuple[Gang, int] | None:
+        """The gang ``gpu`` is kept for now, and until when."""
+        for gang in self.gangs.values():
+            end = gang.kept.get(gpu)
+            if end is not None and end > now:
+                return gang, end
+        return None
+
+    def _armed_on(self, gpus: Collection[int]) -> bool:
+        return any(g.armed and set(g.gpus) & set(gpus) for g in self.gangs.values())
+
+    def _cut_back(self, gang: Gang, now: int) -> list[Effect]:
+        """The gang is armed: an extended lone holder on a member GPU keeps its nominal turn, and no more."""
+        effects: list[Effect] = []
+        for g in gang.gpus:
+            rq = self.members[g].rq
+            lease = rq.lease
+            if lease is None or lease.nominal_ns is None or lease.revoked_ns is not None:
+                continue
+            nominal, lease.nominal_ns = lease.nominal_ns, None
+            if now >= nominal:
+                lease.deadline_ns = now
+                effects += rq.revoke(lease, now, "turn")
+            else:
+                lease.deadline_ns = nominal
+                effects += [GrantLease(c, g, lease.id, nominal, 0) for c in sorted(lease.clients)]
+        return effects
+
+    def fence(self, gpu: int, now: int) -> int | None:
+        """Where a turn granted on ``gpu`` now must end: where the last peer's current turn ends, for the gang
+        armed over ``gpu`` (now: it waits only for a peer running past its deadline)."""
+        for gang in self.gangs.values():
+            if gang.armed and gpu in gang.gpus:
+                end = now
+                for g in gang.gpus:
+                    lease = self.members[g].rq.lease
+                    if g != gpu and lease is not None and lease.revoked_ns is None:
+                        end = max(end, lease.deadline_ns)
+                    kept = self.kept_until(g, now)
+                    if g != gpu and kept is not None:
+                        end = max(end, kept[1])
+                if end > now:  # the gap is filled: this GPU is not idle for the gang
+                    self.stats[gpu].idle_since = None
+                return end
+        return None
+
+    def _free(self, gang: Gang, now: int) -> bool:
+        for g in gang.gpus:
+            m = self.members[g]
+            lease = m.rq.lease
+            if (lease is not None and lease.inst.name != gang.name) or m.rq.draining \
+                    or self.kept_until(g, now) is not None:
+                return False
+            if m.hp.candidate() is not None and m.hp.ready(now):
+                return False
+        return True
+
+    def pick(self, gpu: int, now: int) -> list[Effect] | None:
+        """Start a gang's turn on every GPU of it at once, if one is armed over ``gpu`` and all are free, or time
+        nobody else wants is left on all of them; a GPU kept for a gang's turn is its alone until the turn's end;
+        None: the GPU's policy picks (within :meth:`fence`)."""
+        self.sync(now)
+        kept = self.kept_until(gpu, now)
+        if kept is not None:
+            gang, end = kept
+            inst = self.members[gpu].rq.instances[gang.name]
+            if not inst.waiters:
+                return []
+            del gang.kept[gpu]
+            return self._lease(gang, gpu, now, end, gang.ext)
+        for gang in self.gangs.values():
+            if gpu in gang.gpus and gpu not in gang.turn and now < gang.turn_end and gang.turn \
+                    and self.members[gpu].rq.instances[gang.name].waiters:
+                # it comes back within its turn, which a peer still holds: the rest of the turn is its own here
+                return self._lease(gang, gpu, now, gang.turn_end, 0)
+        for gang in self.gangs.values():
+            if gang.armed and gpu in gang.gpus:
+                if self._free(gang, now):
+                    return self._grant(gang, now, self.turn_ns(gang))
+                self._idle(gpu, now)
+                return None
+        spare = [g for g in self.gangs.values() if gpu in g.gpus and not self._in_turn(g, now) and self._waits(g)
+                 and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
+        if spare:  # time nobody else wants on any of its GPUs
+            gang = max(spare, key=lambda g: g.credit)
+            return self._grant(gang, now, self.turn_ns(gang))
+        return None
+
+    def _others_wait(self, gpu: int, name: str) -> bool:
+        return any(i.waiters and i.weight > 0 and i.name != name for i in self.members[gpu].rq.instances.values())
+
+    def _grant(self, gang: Gang, now: int, length: int) -> list[Effect]:
+        """The gang's turn on all its GPUs at once, one deadline for all: a lease where it waits, and where it does
+        not (a kernel spinning for a peer, or between launches) the GPU is kept for it until the deadline. The turn
+        is paid from its credit at once; what its leases hold past the deadline, at their end."""
+        log.debug("gang %s: a turn of %d ns on GPUs %s at %d", gang.name, length, gang.gpus, now)
+        gang.armed = False
+        ext = max(self.members[g].rq.extension_for(self.members[g].rq.instances[gang.name]) for g in gang.gpus)
+        gang.ext = ext
+        end = now + length + ext
+        gang.turn_end = end
+        gang.credit -= length + ext
+        gang.turn_size = len(gang.gpus)
+        gang.turns += 1
+        effects: list[Effect] = []
+        for g in gang.gpus:
+            self._busy_end(g, now)
+            self.stats[g].turns += 1
+            own = self.members[g].rq.lease
+            if own is not None and own.revoked_ns is None:
+                # its own, from before it was a gang or from its last turn (a kernel spinning for a peer): it runs
+                # on as this turn's
+                if now > own.deadline_ns:
+                    self._spun(g, gang.name, now - own.deadline_ns)
+                own.deadline_ns, own.nominal_ns, own.owner = end, None, self
+                effects += [GrantLease(c, g, own.id, end, 0) for c in sorted(own.clients)]
+                gang.turn[g] = own
+                self._leases[id(own)] = gang
+            elif own is not None:  # revoked, its holder finishing a kernel: then the GPU is kept for it
+                gang.kept[g] = end
+            elif self.members[g].rq.instances[gang.name].waiters:
+                effects += self._lease(gang, g, now, end, ext)
+            else:
+                gang.kept[g] = end
+        return effects
+
+    def _lease(self, gang: Gang, gpu: int, now: int, end: int, ext: int) -> list[Effect]:
+        rq = self.members[gpu].rq
+        effects = rq.grant(rq.instances[gang.name], now, end, self, extension=min(ext, end - now))
+        lease = rq.lease
+        assert lease is not None
+        gang.turn[gpu] = lease
+        self._leases[id(lease)] = gang
+        return effects
+
+    def _idle(self, gpu: int, now: int) -> None:
+        st = self.stats[gpu]
+        if st.idle_since is None:
+            st.idle_since = now
+
+    def _busy_end(self, gpu: int, now: int) -> None:
+        st = self.stats[gpu]
+        if st.idle_since is not None:
+            st.idle_ns += now - st.idle_since
+            st.idle_since = None
+
+    def wakeup(self, gpu: int) -> int | None:
+        """When a gang over ``gpu`` will have credit for a turn, a GPU kept for it is free again, or one of its GPUs
+        leaves it (the window)."""
+        at: int | None = None
+        for gang in self.gangs.values():
+            if gpu not in gang.gpus:
+                continue
+            times = list(gang.kept.values())
+            missing = self.turn_ns(gang) // 2 - gang.credit
+            if not gang.armed and not self._in_turn(gang, gang.t) and gang.rate > 0 and missing > 0:
+                times.append(gang.t + int(missing / gang.rate) + 1)
+            for g in gang.gpus:
+                if not self._has_demand(g, gang.name):
+                    times.append(self._busy.get((g, gang.name), gang.t) + self.window_ns + 1)
+            for t in times:
+                at = t if at is None or t < at else at
+        return at
+
+    # ---------------------------------------------------------------- the Charger of its leases
+    def charge(self, lease: Lease, bill: Bill) -> int:
+        """A gang's turn was paid at its grant: a lease of it pays here what it held past the deadline (shared
+        over the GPUs of the turn), and gets back what a revoke cut off. It is no part of its GPU's virtual time
+        (the gang is not among that GPU's picks)."""
+        gang = self._leases.pop(id(lease), None)
+        if gang is not None:
+            size = max(1, gang.turn_size)
+            if lease.revoked_ns is not None and bill.end < lease.deadline_ns:
+                gang.credit += (lease.deadline_ns - bill.end) / size
+            else:
+                gang.credit -= max(0, bill.end - lease.deadline_ns) / size
+            late = bill.end - lease.deadline_ns
+            if late > 0 and any(self._has_demand(g, gang.name) for g in gang.gpus if g not in gang.turn):
+                gpu = next((g for g, held in gang.turn.items() if held is lease), -1)
+                self._spun(gpu, gang.name, late)
+            gang.held_ns += bill.held
+            gang.turn = {g: held for g, held in gang.turn.items() if held is not lease}
+            for g, m in self.members.items():
+                if m.rq.instances.get(lease.inst.name) is lease.inst:
+                    self._busy[(g, lease.inst.name)] = bill.end
+        return 0
+
+    def _spun(self, gpu: int, name: str, ns: int) -> None:
+        key = (gpu, name)
+        self.spin[key] = self.spin.get(key, 0) + ns
+
+    def idle_ns(self, gpu: int, now: int) -> int:
+        """Time ``gpu`` idled for a gang's alignment (nothing could fill the wait for its peers), so far."""
+        st = self.stats[gpu]
+        return st.idle_ns + (now - st.idle_since if st.idle_since is not None else 0)
+
+    def forget(self, lease: Lease) -> None:
+        """Its leases are each GPU's current one: nothing of its own to drop (:meth:`charge` closes them)."""
+
+    def revoked(self, lease: Lease) -> None:
+        """One GPU's lease of a gang's turn was revoked: so are the others (they end together)."""
+        gang = self._leases.get(id(lease))
+        if gang is None:
+            return
+        at = lease.revoked_ns if lease.revoked_ns is not None else lease.granted_ns
+        for g, other in list(gang.turn.items()):
+            if other is not lease and other.revoked_ns is None:
+                self._outbox += self.members[g].rq.revoke(other, at, "turn")
+        gang.kept.clear()
+
+    def take(self) -> list[Effect]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    # ---------------------------------------------------------------- the view for status
+    def gang_of(self, gpu: int, name: str) -> Gang | None:
+        gang = self.gangs.get(name)
+        return gang if gang is not None and gpu in gang.gpus else None
+
+    def shares(self, gpu: int, active: Collection[str]) -> dict[str, float]:
+        """The shares of ``gpu``'s gang members while ``active`` have demand there (the peers' demand: as now)."""
+        out: dict[str, float] = {}
+        for gang in self.gangs.values():
+            if gpu not in gang.gpus:
+                continue
+            live = gang.name in active or any(
+                gang.name in (self.assumed.get(g, ()) if self.assumed is not None else ())
+                or (self.assumed is None and self._has_demand(g, gang.name)) for g in gang.gpus if g != gpu)
+            out[gang.name] = self.share(gang, gpu, active) if live else 0.0
+        return out
+
+
+class GangView(GangHooks):
+    """One GPU's hooks into the book (``Runqueue.gangs``)."""
+
+    def __init__(self, book: GangBook, gpu: int) -> None:
+        self.book = book
+        self.gpu = gpu
+
+    @property
+    def active(self) -> bool:
+        book = self.book
+        return bool(book.gangs) or bool(book._multi) or (book._dirty and book.enabled)
+
+    def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
+        self.book.sync(now)
+        return None
+
+    def pick(self, now: int) -> list[Effect] | None:
+        return self.book.pick(self.gpu, now)
+
+    def fence(self, now: int) -> int | None:
+        return self.book.fence(self.gpu, now)
+
+    def wakeup(self) -> int | None:
+        return self.book.wakeup(self.gpu)
+
+    def touched(self, inst: InstanceState, now: int) -> None:
+        self.book.touched(self.gpu, inst, now)
+
+    def changed(self) -> None:
+        self.book.changed()
+
+    def take(self) -> list[Effect]:
+        return self.book.take()
+
+    def shares(self, active: Collection[str], rest: float) -> dict[str, float]:
+        return self.book.shares(self.gpu, active)

@@ -1,0 +1,9 @@
+/* The fake driver's collective kernel (fakecoll.c says what it models). */
+#ifndef FAKECOLL_H
+#define FAKECOLL_H
+#include <stdint.h>
+
+/* Run one "cgpu_allreduce" of ns on physical device phys: wait (spinning) for every peer's same step, then ns. */
+void fakecoll_run(int phys, uint64_t ns);
+
+#endif

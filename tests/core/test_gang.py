@@ -1,0 +1,163 @@
+"""Gang leases on the virtual clock (behaviour §11, jobs that span GPUs): a job busy on several GPUs gets its turns
+on all of them at once, its share is the least of its weight's shares over its GPUs, and each GPU's other tenants
+share the rest by weight. Shares are asserted within 0.5 pp of the documented entitlement; a GPU idles only where
+the rule says it must (the idle share is asserted against the entitlement's too)."""
+
+from __future__ import annotations
+
+import pytest
+
+from arbiterd.core.effects import NS_PER_MS, GrantLease, RevokeLease
+from arbiterd.core.gang import GangBook
+from arbiterd.core.scheduler import GpuScheduler
+from arbiterd.core.settings import GpuSettings
+from cgpu_testing.gangsim import GangResult, SimJob, simulate_gangs
+from cgpu_testing.sim import bursty
+
+TOL_PP = 0.5
+
+
+def assert_exact(r: GangResult, expected: dict[str, float]) -> None:
+    """Every share within TOL_PP of the entitlement, which is the documented one (``expected``: job -> %, the same
+    on every GPU of it), and every GPU's idle share within TOL_PP of what the rule leaves idle."""
+    for name, pct in expected.items():
+        for g, target in r.jobs[name].target.items():
+            assert target * 100 == pytest.approx(pct, abs=1e-6), f"{name} on GPU {g}: entitlement {target * 100}"
+    assert r.max_error_pp() < TOL_PP, {n: (j.share, j.target) for n, j in r.jobs.items()}
+
+
+def test_gang_of_two_beside_tenants_of_various_weights() -> None:
+    """J on GPUs 0 and 1 (weight 1); A (1) on GPU 0; B (1) and C (2) on GPU 1. J's share is min(1/2, 1/4) = 25 %
+    on both; A gets the 75 % GPU 0 cannot give J in the aligned turns; B and C share GPU 1's 75 % as 1:2. No
+    spin: the collectives start together."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1)), SimJob("A", (0,)), SimJob("B", (1,)), SimJob("C", (1,), weight=2)],
+                       seconds=10, slice_ms=20)
+    assert_exact(r, {"J": 25.0, "A": 75.0, "B": 25.0, "C": 50.0})
+    assert r.jobs["J"].spin_ns == 0
+    assert max(r.idle.values()) < 0.005
+
+
+def test_gangs_of_four_and_two_on_four_gpus() -> None:
+    """J (weight 2) on GPUs 0-3, K (1) on GPUs 2-3, tenants A (1) on 0, B (3) on 1, C (1) and D (4) on 2. J: min(2/3,
+    2/5, 2/8, 2/3) = 25 %; K: min(1/8, 1/3) = 12.5 %; C and D share GPU 2's 62.5 % as 1:4. GPU 3 has only the two
+    gangs: it idles the 62.5 % they cannot use everywhere at once, as the rule says."""
+    jobs = [SimJob("J", (0, 1, 2, 3), weight=2), SimJob("K", (2, 3)), SimJob("A", (0,)), SimJob("B", (1,), weight=3),
+            SimJob("C", (2,)), SimJob("D", (2,), weight=4)]
+    r = simulate_gangs(4, jobs, seconds=8, slice_ms=10)
+    assert_exact(r, {"J": 25.0, "K": 12.5, "A": 75.0, "B": 75.0, "C": 12.5, "D": 50.0})
+    assert r.idle_target[3] * 100 == pytest.approx(62.5)
+    assert r.jobs["J"].spin_ns == 0 and r.jobs["K"].spin_ns == 0
+
+
+def test_two_gangs_on_the_same_pair_never_wait_longer_than_a_round() -> None:
+    """J1 and J2 on GPUs 0 and 1, A (2) on GPU 0: J1 and J2 25 % each, A 50 %, GPU 1 idles 50 % (nobody else wants
+    it). Neither job waits on the other: no spin, and no gap between two of a job's steps longer than GPU 0's round
+    (its weights' turns: 4 slices)."""
+    r = simulate_gangs(2, [SimJob("J1", (0, 1)), SimJob("J2", (0, 1)), SimJob("A", (0,), weight=2)], seconds=8,
+                       slice_ms=10)
+    assert_exact(r, {"J1": 25.0, "J2": 25.0, "A": 50.0})
+    for name in ("J1", "J2"):
+        assert r.jobs[name].spin_ns == 0
+        assert r.jobs[name].max_stall_ns <= 4 * 10 * NS_PER_MS
+
+
+def test_two_gangs_alone_share_the_pair_without_idle() -> None:
+    """Two gangs alone on a pair: 50 / 50 and no GPU idles (the time one does not take goes to the other)."""
+    r = simulate_gangs(2, [SimJob("J1", (0, 1)), SimJob("J2", (0, 1))], seconds=6, slice_ms=10)
+    assert_exact(r, {"J1": 50.0, "J2": 50.0})
+    assert max(r.idle.values()) < 0.005
+
+
+def test_policy_one_counts_every_weight_as_one() -> None:
+    """Policy 1: J with A on GPU 0 and with B and C on GPU 1: 1/3 everywhere, A 2/3."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1)), SimJob("A", (0,)), SimJob("B", (1,)), SimJob("C", (1,))],
+                       seconds=6, slice_ms=10, policy=1)
+    assert_exact(r, {"J": 100 / 3, "A": 200 / 3, "B": 100 / 3, "C": 100 / 3})
+
+
+def test_one_process_with_several_devices() -> None:
+    """One client on both GPUs (one process, two devices) is a gang as much as one process per GPU is."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1), one_process=True), SimJob("A", (0,), weight=3)], seconds=6,
+                       slice_ms=10)
+    assert_exact(r, {"J": 25.0, "A": 75.0})
+    assert r.jobs["J"].spin_ns == 0
+
+
+@pytest.mark.parametrize(("ratio", "job", "low"), [(50, 25.0, 25.0), (80, 10.0, 10.0)])
+def test_high_priority_keeps_prio_ratio_beside_a_gang(ratio: int, job: float, low: float) -> None:
+    """H (high priority) on GPU 0 takes prio_ratio; J and A share the rest 1:1 there, so J gets that on GPU 1 too,
+    and B the rest of GPU 1. H's preemptions revoke J's lease on both GPUs (no spin)."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1)), SimJob("H", (0,), highprio=True), SimJob("A", (0,)),
+                           SimJob("B", (1,))], seconds=8, slice_ms=10, prio_ratio=ratio)
+    assert_exact(r, {"J": job, "H": float(ratio), "A": low, "B": 100 - job})
+    assert r.jobs["J"].spin_ns == 0
+
+
+def test_a_tenant_that_comes_and_goes_beside_a_gang() -> None:
+    """A on GPU 0 is busy 300 ms of every 500: J gets 1/3 while A works (B's 2/3 on GPU 1 binds) and 1/3 while A
+    rests too (GPU 1 binds), and GPU 0 idles what J cannot use (2/3 of A's off time) as the rule says."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1)), SimJob("A", (0,), workload=bursty(1, 300, 200)),
+                           SimJob("B", (1,), weight=2)], seconds=10, slice_ms=10)
+    assert r.max_error_pp() < TOL_PP
+    assert r.jobs["J"].target[0] * 100 == pytest.approx(100 / 3, abs=1e-6)
+
+
+def test_gangs_off_the_collective_spins_and_stalls() -> None:
+    """Today's behaviour (window 0, gangs off): each GPU gives J its turns on its own, J's kernel on one GPU spins
+    for the peer's turn, billed to J and lost to A: J far below its entitlement, spin over a tenth of the run."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1)), SimJob("A", (0,)), SimJob("B", (1,)), SimJob("C", (1,), weight=2)],
+                       seconds=6, slice_ms=20, window_ms=0)
+    assert r.jobs["J"].share[0] < 0.5 * r.jobs["J"].target[0]
+    assert r.jobs["J"].spin_ns > 0.1 * r.duration_ns
+
+
+def _pair() -> tuple[GpuScheduler, GpuScheduler, GangBook]:
+    s0, s1 = (GpuScheduler(g, GpuSettings(policy=4, slice_ms=10)) for g in (0, 1))
+    book = GangBook()
+    book.attach(s0)
+    book.attach(s1)
+    for s in (s0, s1):
+        s.add_instance("J", 1, False, 0)
+    s0.add_instance("H", 1, True, 0)
+    return s0, s1, book
+
+
+def test_a_revoke_ends_the_gangs_lease_on_every_gpu() -> None:
+    """J holds its turn on both GPUs; H (high priority) preempts it on GPU 0: J's lease on GPU 1 is revoked in the
+    same step."""
+    s0, s1, book = _pair()
+    s0.acquire("J", 1, 0)
+    s1.acquire("J", 2, 0)
+    held = [lease for s in (s0, s1) for lease in s.holders()]
+    assert [lease.inst.name for lease in held] == ["J", "J"] and book.gangs["J"].gpus == (0, 1)
+    assert held[0].deadline_ns == held[1].deadline_ns  # one turn, one deadline
+    effects = s0.acquire("H", 9, NS_PER_MS)  # its credit is full: it preempts J on GPU 0
+    assert {(e.gpu, e.client) for e in effects if isinstance(e, RevokeLease)} == {(0, 1), (1, 2)}
+    assert not any(isinstance(e, GrantLease) for e in effects)
+
+
+def test_a_job_busy_on_one_gpu_is_no_gang() -> None:
+    """J is registered on both GPUs but works on GPU 0 only: no gang forms, and it takes turns there as any tenant
+    (nothing waits for a GPU it does not use)."""
+    s0, s1 = (GpuScheduler(g, GpuSettings(policy=4, slice_ms=10)) for g in (0, 1))
+    book = GangBook()
+    book.attach(s0)
+    book.attach(s1)
+    for s in (s0, s1):
+        s.add_instance("J", 1, False, 0)
+    effects = s0.acquire("J", 1, 0)
+    assert [e.gpu for e in effects if isinstance(e, GrantLease)] == [0]
+    assert not book.gangs and not s0.instances["J"].gang
+
+
+def test_gangs_form_only_on_work_conserving_virtual_time() -> None:
+    """On policy 2 (and the rings, 0 and 3) every GPU schedules the job's instance on its own: no gang."""
+    s0, s1 = (GpuScheduler(g, GpuSettings(policy=2, slice_ms=10)) for g in (0, 1))
+    book = GangBook()
+    book.attach(s0)
+    book.attach(s1)
+    for s in (s0, s1):
+        s.add_instance("J", 1, False, 0)
+    s0.acquire("J", 1, 0)
+    s1.acquire("J", 2, 0)
+    assert not book.gangs
