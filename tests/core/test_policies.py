@@ -193,8 +193,8 @@ def test_two_highprio_instances_share_by_policy() -> None:
 
 
 @pytest.mark.parametrize("policy", [1, 2, 4])
-@pytest.mark.parametrize("prio_ratio", [20, 30, 50, 60, 80])
-@pytest.mark.parametrize("weights", [(1, 1), (1, 2), (2, 1, 3)])
+@pytest.mark.parametrize("prio_ratio", [30, 60, 80])
+@pytest.mark.parametrize("weights", [(1, 1), (2, 1, 3)])
 def test_highprio_takes_prio_ratio_and_the_normals_split_the_rest_by_weight(policy: int, prio_ratio: int,
                                                                             weights: tuple[int, ...]) -> None:
     """Whichever normal instance the preemptions fall on: on policy 2 a revoked turn was kept as an idle turn and
