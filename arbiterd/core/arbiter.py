@@ -55,6 +55,7 @@ from arbiterd.core.settings import (
     GlobalSettings,
     GpuSettings,
     InstanceSettings,
+    limit_of,
 )
 
 log = logging.getLogger("arbiterd.core")
@@ -157,13 +158,14 @@ class Arbiter:
                    f"an operator sets the policy")
             log.info("%s", msg)
             warnings.append(msg)
-        if s.limit < NO_LIMIT and not sched.policy.honours_limits:
-            msg = (f"GPU {gpu} instance {name}: limit {s.limit} % is kept, and not in force under policy "
+        limit = limit_of(s.limit)
+        if limit < NO_LIMIT and not sched.policy.honours_limits:
+            msg = (f"GPU {gpu} instance {name}: limit {limit} % is kept, and not in force under policy "
                    f"{sched.settings.policy} (limits hold on policies 1, 2 and 4)")
             log.info("%s", msg)
             warnings.append(msg)
         effects += sched.add_instance(name, weight, bool(s.highprio), now, requested=s.weight, switch=shape_gpu,
-                                      limit=s.limit)
+                                      limit=limit)
         rec = InstanceRecord(name, gpu, s.memsize, provisioned=provisioned, idle_since=now, host_uid=host_uid,
                              creator_uid=creator_uid)
         self.records[(gpu, name)] = rec
@@ -185,7 +187,7 @@ class Arbiter:
             core = bool(s.core_percent) and coremode.core_ready(sched)  # it becomes 20 slots first
             INSTANCE["weight"].check(s.weight, CORE_MAX_INST if core else sched.settings.max_inst)
             policy = coremode.core_policy(sched, s.core_percent, s.limit)
-            limits.check_limit(sched.rq, name, s.weight, s.limit, policy, CORE_MAX_INST if core else None)
+            limits.check_limit(sched.rq, name, s.weight, limit_of(s.limit), policy, CORE_MAX_INST if core else None)
             INSTANCE["highprio"].check(s.highprio)
             INSTANCE["memsize"].check(s.memsize)
             rec = self.records.get((gpu, name))
@@ -208,13 +210,13 @@ class Arbiter:
                 sched = self.scheds[gpu]
                 if s.core_percent:
                     effects += coremode.core_mode(sched, name, s.core_percent, s.limit, now, True)[0]
-                limit = sched.instances[name].limit
-                if limit != s.limit:  # no limit first, so that the weight's check sees the new one
+                limit, want = sched.instances[name].limit, limit_of(s.limit)
+                if limit != want:  # no limit first, so that the weight's check sees the new one
                     effects += sched.set_limit(name, NO_LIMIT, now)
                 if sched.instances[name].weight != s.weight:
                     effects += sched.set_weight(name, s.weight, now)
-                if limit != s.limit:
-                    effects += sched.set_limit(name, s.limit, now)
+                if limit != want:
+                    effects += sched.set_limit(name, want, now)
                 effects += sched.set_highprio(name, int(s.highprio), now)
                 rec.memsize = s.memsize
                 rec.ledger.limit = self.mem_limit(rec)

@@ -32,7 +32,7 @@ from arbiterd.core.allocations import Allocation
 from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
 from arbiterd.core.errors import IdentityError
-from arbiterd.core.settings import NO_LIMIT, InstanceSettings
+from arbiterd.core.settings import NO_LIMIT, UNCAPPED, InstanceSettings
 
 log = logging.getLogger("arbiterd.core")
 
@@ -76,8 +76,13 @@ def settings_of(allocs: Iterable[Allocation]) -> dict[int, InstanceSettings]:
                 limit[gpu] += a.limit or a.core or NO_LIMIT  # a core percentage without a limit is its own cap
             if a.limit:
                 limited.add(gpu)
+    def ceiling(gpu: int) -> int:  # a core percentage given limits that add up to 100 or more: no ceiling, not its cap
+        if gpu not in limited:
+            return NO_LIMIT
+        return UNCAPPED if limit[gpu] >= NO_LIMIT and core[gpu] else min(limit[gpu], NO_LIMIT)
+
     return {gpu: InstanceSettings(weight=weight[gpu] or 1, highprio=highprio[gpu], core_percent=core[gpu],
-                                  memsize=mem[gpu], limit=min(limit[gpu], NO_LIMIT) if gpu in limited else NO_LIMIT)
+                                  memsize=mem[gpu], limit=ceiling(gpu))
             for gpu in sorted(mem)}
 
 

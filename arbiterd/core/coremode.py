@@ -20,7 +20,7 @@ from arbiterd.core.effects import Effect
 from arbiterd.core.limits import request_pct
 from arbiterd.core.policies import FIXED_CORE, PREEMPTIVE, WEAK
 from arbiterd.core.scheduler import GpuScheduler
-from arbiterd.core.settings import CORE_MAX_INST, NO_LIMIT
+from arbiterd.core.settings import CORE_MAX_INST, NO_LIMIT, limit_of
 
 log = logging.getLogger("arbiterd.core")
 
@@ -31,8 +31,9 @@ def core_ready(sched: GpuScheduler) -> bool:
 
 
 def wanted(percent: int, limit: int) -> int:
-    """The policy a core percentage with ``limit`` holds on: 3, or 4 where its limit is above it."""
-    return WEAK if percent < limit < NO_LIMIT else FIXED_CORE
+    """The policy a core percentage with ``limit`` holds on: 3, or 4 where a limit above it was given (UNCAPPED: a
+    limit of 100, no ceiling; NO_LIMIT is none given, and the percentage caps itself)."""
+    return WEAK if percent < limit and limit != NO_LIMIT else FIXED_CORE
 
 
 def core_policy(sched: GpuScheduler, percent: int, limit: int) -> int:
@@ -57,11 +58,11 @@ def core_mode(sched: GpuScheduler, name: str, percent: int, limit: int, now: int
         return [], []
     if shape_gpu and core_ready(sched):
         log.info("GPU %d: policy %d, max_inst %d, for instance %s asking %d %% of the GPU%s", gpu, want,
-                 CORE_MAX_INST, name, percent, f" up to {limit} %" if want == WEAK else "")
+                 CORE_MAX_INST, name, percent, f" up to {limit_of(limit)} %" if want == WEAK else "")
         return sched.set_max_inst(CORE_MAX_INST, now) + sched.set_policy(want, now), []
     if shape_gpu and want == WEAK and st.policy == FIXED_CORE and st.max_inst == CORE_MAX_INST:
         log.info("GPU %d: policy 4 for instance %s asking %d %% of the GPU up to %d %%; every other instance's limit "
-                 "is its request, as policy 3 held it", gpu, name, percent, limit)
+                 "is its request, as policy 3 held it", gpu, name, percent, limit_of(limit))
         effects: list[Effect] = []
         for inst in list(sched.instances.values()):
             if inst.limit == NO_LIMIT and inst.weight:

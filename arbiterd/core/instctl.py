@@ -21,7 +21,7 @@ from arbiterd.core.arbiter import Arbiter
 from arbiterd.core.effects import Effect
 from arbiterd.core.errors import SettingError
 from arbiterd.core.names import valid_instance_id
-from arbiterd.core.settings import INSTANCE, NO_LIMIT, InstanceSettings
+from arbiterd.core.settings import INSTANCE, NO_LIMIT, UNCAPPED, InstanceSettings
 
 USAGE = ("inst_ctl: expected 'create ID [gpu=0,1] [weight=N | core=P] [limit=P] [highprio=0|1] [memsize=SIZE] "
          "[uid=N]' "
@@ -84,6 +84,8 @@ def plan(arb: Arbiter, command: str) -> Callable[[int], list[Effect]]:
         raise SettingError("inst_ctl create: give weight=N or core=P (a GPU-core percentage), not both")
     uid = _uid(name, opts.pop("uid")) if "uid" in opts else None
     values = {_OPTION[k]: INSTANCE[_OPTION[k]].parse(v) for k, v in opts.items()}
+    if values.get("core_percent") and values.get("limit") == NO_LIMIT:
+        values["limit"] = UNCAPPED  # given, beside a core percentage: no ceiling (policy 4), not its own cap
     settings = dict.fromkeys(gpus if gpus is not None else sorted(arb.scheds), InstanceSettings(**values))
     arb.check_provision(name, settings)
     return lambda now: arb.provision_each(name, settings, now, uid)

@@ -21,14 +21,23 @@ from arbiterd.core.errors import SettingError
 from arbiterd.core.setting import AUTO, Kind, Scope, Setting, parse_size, setting, table
 
 __all__ = ["AUTO", "CORE_MAX_INST", "GIB", "GLOBAL", "GPU", "INSTANCE", "MAX_INST_MAX", "MEMORY_ENFORCE", "NO_LIMIT",
-           "UNMANAGED", "GlobalSettings", "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting",
-           "check_gpu_settings", "core_weight", "format_size", "parse_size", "setting"]
+           "UNCAPPED", "UNMANAGED", "GlobalSettings", "GpuSettings", "InstanceSettings", "Kind", "Scope", "Setting",
+           "check_gpu_settings", "core_weight", "format_size", "limit_of", "parse_size", "setting"]
 
 GIB = 1024**3
 MAX_INST_MAX = 25  # the most slots a GPU can be cut into; also the largest weight
 UNMANAGED = ("allow", "report", "throttle", "kill")  # what the per-GPU setting unmanaged may be, by index
 MEMORY_ENFORCE = ("report", "kill")
 NO_LIMIT = 100  # an instance's limit (%) that limits nothing
+# InstanceSettings.limit of a core percentage given a limit of 100 (inst_ctl core=P limit=100, a claim's limit 100):
+# a request with no ceiling, on policy 4; no limit at all leaves a core percentage its own cap (policy 3). The
+# instance holds it as NO_LIMIT (limit_of).
+UNCAPPED = NO_LIMIT + 1
+
+
+def limit_of(limit: int) -> int:
+    """The limit an instance holds for an InstanceSettings.limit (UNCAPPED is none)."""
+    return min(limit, NO_LIMIT)
 
 
 @dataclass(slots=True)

@@ -153,3 +153,17 @@ def test_a_memory_allocation_beside_a_limited_core_allocation_leaves_the_limit_a
     binding.bind(a, Claimant("c1" * 6, "c1" * 30, "pod", frozenset({sha("t"), sha("u")})), 0)
     inst = a.scheds[0].instances["c1" * 6]
     assert (inst.weight, inst.limit, a.records[(0, "c1" * 6)].memsize) == (6, 60, 2 * GIB)
+
+
+def test_a_limit_of_100_beside_a_core_percentage_is_no_ceiling_not_its_hard_cap() -> None:
+    """core=60 limit=100 asks 60 % under contention and the whole GPU when it is free; it read as no limit given,
+    so the core percentage capped it at 60 % on policy 3 (bench.k8s --dra: a claim with limit 100 held 60)."""
+    a = make("required", gpus=2)
+    tree.write(a, "alloc_ctl", f"create x token={sha('t')} gpu=0 memsize=1GiB core=60 limit=100", 0)
+    binding.bind(a, Claimant("c1" * 6, "c1" * 30, "pod", frozenset({sha("t")})), 0)
+    s = a.scheds[0]
+    inst = s.instances["c1" * 6]
+    assert (s.settings.policy, inst.weight, inst.limit) == (WEAK, 12, 100)
+    tree.write(a, "inst_ctl", "create h gpu=1 core=40 limit=100", 0)
+    assert (a.scheds[1].settings.policy, a.scheds[1].instances["h"].limit) == (WEAK, 100)
+    assert "h gpu=1 weight=8 highprio=0" in tree.read(a, "inst_ctl", 0)  # no ceiling: none listed
