@@ -11,8 +11,9 @@ A gang's instances are taken out of their GPUs' own picks (``InstanceState.gang`
 the gang leaves, and know of gangs only through :class:`GangView` (the ``Runqueue.gangs`` hooks).
 
 *Entitlement.* On each member GPU the gang is a tenant of its weight: ``rest * w / W`` there (``W``: the weights
-with demand, the gang's included; ``rest``: what high priority leaves). It can only use what it has everywhere at
-once, so its share is the least of these, on every member; each GPU's other tenants share the rest by weight.
+with demand, the gang's included; ``rest``: what high priority leaves), water-filled under the limits of limited
+tenants there. It can only use what it has everywhere at once, so its share is the least of these, on every member;
+each GPU's other tenants share the rest by weight (under their limits).
 
 *Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are
 held (as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
@@ -22,7 +23,12 @@ in a turn cut to end where the last peer's ends (:meth:`GangView.fence`); when e
 granted all of them at once, one deadline for all. A revoke of one member's lease (high priority, an operator)
 revokes the others. Time that nobody else wants on any member GPU goes to a gang with work on all of them (spent
 from its credit like any turn). A member GPU idles only where the gang needs it and it has nobody to fill the gap
-with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU.
+with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU. Gangs that share a
+GPU are armed one at a time, the one owed most per turn first.
+
+*Kicks.* A GPU's scheduler runs only on its own events and wakeups. When a gang dissolves or stops being armed, a
+GPU of it may hold a waiter of the gang that is now its own to serve, or be held free for a turn that will not
+come: each such GPU is *kicked* (its wakeup is now) and looks again at its next tick.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease
+from arbiterd.core.limits import waterfill
 from arbiterd.core.model import Bill, GangHooks, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.base import Policy
 from arbiterd.core.policies.highprio import HighPriority
@@ -102,6 +109,7 @@ class GangBook:
         # GPUs whose scheduler must look again (a gang over them dissolved or was un-armed: a waiter of its may
         # now be theirs to serve, or a turn fenced for it is free), and since when: their wakeup is then
         self._kick: dict[int, int] = {}
+        self._on: dict[int, list[Gang]] = {}  # the gangs over each GPU (kept with gangs)
         self.assumed: Mapping[int, Collection[str]] | None = None  # demand to assume (a simulator's targets)
         # collective spin as far as the daemon sees it, per (GPU, instance): time a member held its lease past the
         # turn's deadline while a peer waited for its next turn (its kernel waiting for that peer's)
@@ -167,12 +175,18 @@ class GangBook:
                 gang = Gang(name, gpus, now)
                 self.gangs[name] = gang
                 for g in gpus:
-                    self.members[g].rq.instances[name].gang = True
+                    self._on.setdefault(g, []).append(gang)
+                for g in gpus:
+                    inst = self.members[g].rq.instances.get(name)
+                    if inst is not None:
+                        inst.gang = True
 
     def _dissolve(self, gang: Gang, now: int) -> None:
         """``gang`` is gone: its instances go back to their GPUs' own turns, an aligned wait for it ends, and
         every GPU of it looks again (a waiter of it, or a turn fenced for it, is now the GPU's to serve)."""
         del self.gangs[gang.name]
+        for g in gang.gpus:
+            self._on[g] = [other for other in self._on.get(g, ()) if other is not gang]
         for g in gang.gpus:
             if gang.armed:
                 self._busy_end(g, now)
@@ -205,9 +219,11 @@ class GangBook:
         self.spin.pop((gpu, name), None)
         self._dirty = True
 
-    def ticked(self, gpu: int) -> None:
-        """``gpu``'s scheduler looked again (its tick ran): a kick of it is spent."""
+    def ticked(self, gpu: int, now: int) -> None:
+        """``gpu``'s tick runs: a kick of it is spent, and the book is brought to ``now`` (the wakeup it asked for may
+        be a gang's credit, which only a sync moves: a tick that reached no gang hook would find it due again)."""
         self._kick.pop(gpu, None)
+        self.sync(now)
 
     def touched(self, gpu: int, inst: InstanceState, now: int) -> None:
         if inst.name in self._multi or self._dirty:
@@ -215,7 +231,8 @@ class GangBook:
 
     # ---------------------------------------------------------------- credit and shares
     def share(self, gang: Gang, gpu: int | None = None, active_here: Collection[str] | None = None) -> float:
-        """The gang's share: the least of its weight's share over its GPUs (rest * w / W on each)."""
+        """The gang's share: the least of its weight's share over its GPUs (on each, ``rest`` water-filled by weight
+        among the instances with demand under their limits, the gang's included: rest * w / W where none binds)."""
         best = 1.0
         for g in gang.gpus:
             m = self.members[g]
@@ -226,12 +243,17 @@ class GangBook:
                 active = self.assumed.get(g, ())
             else:
                 active = {n for n, i in rq.instances.items() if i.waiters or i.leases}
-            normals = [i for i in rq.instances.values() if i.weight > 0 and not i.highprio]
             _, rest = m.hp.shares(active, True, True, m.policy.limited())
-            weights = sum(m.policy.vtime_weight(i) for i in normals if i.name in active or i.name == gang.name)
-            inst = rq.instances.get(gang.name)
-            own = m.policy.vtime_weight(inst) if inst is not None else 0
-            best = min(best, rest * own / weights if weights else 0.0)
+            want = [i for i in rq.instances.values() if i.weight > 0 and not i.highprio
+                    and (i.name in active or i.name == gang.name)]
+            weights = {i.name: float(m.policy.vtime_weight(i)) for i in want}
+            if gang.name not in weights:
+                return 0.0  # its record is being dropped, or it is no longer eligible: it dissolves at the next sync
+            if m.policy.limited():
+                caps = {i.name: i.limit / 100 for i in want if i.limit < NO_LIMIT}
+                best = min(best, waterfill(weights, caps, rest)[gang.name])
+            else:
+                best = min(best, rest * weights[gang.name] / sum(weights.values()))
         return best
 
     def _active(self, gang: Gang) -> bool:
@@ -354,7 +376,7 @@ class GangBook:
 
     def kept_until(self, gpu: int, now: int) -> tuple[Gang, int] | None:
         """The gang ``gpu`` is kept for now, and until when."""
-        for gang in self.gangs.values():
+        for gang in self._on.get(gpu, ()):
             end = gang.kept.get(gpu)
             if end is not None and end > now:
                 return gang, end
@@ -383,8 +405,8 @@ class GangBook:
     def fence(self, gpu: int, now: int) -> int | None:
         """Where a turn granted on ``gpu`` now must end: where the last peer's current turn ends, for the gang
         armed over ``gpu`` (now: it waits only for a peer running past its deadline)."""
-        for gang in self.gangs.values():
-            if gang.armed and gpu in gang.gpus:
+        for gang in self._on.get(gpu, ()):
+            if gang.armed:
                 end = now
                 for g in gang.gpus:
                     lease = self.members[g].rq.lease
@@ -422,18 +444,18 @@ class GangBook:
                 return []
             del gang.kept[gpu]
             return self._lease(gang, gpu, now, end, gang.ext)
-        for gang in self.gangs.values():
-            if gpu in gang.gpus and gpu not in gang.turn and now < gang.turn_end and gang.turn \
+        for gang in self._on.get(gpu, ()):
+            if gpu not in gang.turn and now < gang.turn_end and gang.turn \
                     and self._waits_on(gpu, gang.name):
                 # it comes back within its turn, which a peer still holds: the rest of the turn is its own here
                 return self._lease(gang, gpu, now, gang.turn_end, 0)
-        for gang in self.gangs.values():
-            if gang.armed and gpu in gang.gpus:
+        for gang in self._on.get(gpu, ()):
+            if gang.armed:
                 if self._free(gang, now):
                     return self._grant(gang, now, self.turn_ns(gang))
                 self._idle(gpu, now)
                 return None
-        spare = [g for g in self.gangs.values() if gpu in g.gpus and not self._in_turn(g, now) and self._waits(g)
+        spare = [g for g in self._on.get(gpu, ()) if not self._in_turn(g, now) and self._waits(g)
                  and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
         if spare:  # time nobody else wants on any of its GPUs
             gang = max(spare, key=lambda g: g.credit)
@@ -441,7 +463,10 @@ class GangBook:
         return None
 
     def _others_wait(self, gpu: int, name: str) -> bool:
-        return any(i.waiters and i.weight > 0 and i.name != name for i in self.members[gpu].rq.instances.values())
+        """Whether another instance waits on ``gpu`` and may run (one whose limit's runtime is spent may not)."""
+        rq = self.members[gpu].rq
+        return any(i.waiters and i.weight > 0 and i.name != name and not rq.bw.throttled(i)
+                   for i in rq.instances.values())
 
     def _grant(self, gang: Gang, now: int, length: int) -> list[Effect]:
         """The gang's turn on all its GPUs at once, one deadline for all: a lease where it waits, and where it does
@@ -502,9 +527,7 @@ class GangBook:
         """When a gang over ``gpu`` will have credit for a turn, a GPU kept for it is free again, or one of its GPUs
         leaves it (the window); at once for a GPU kicked (a gang over it dissolved or was un-armed)."""
         at: int | None = self._kick.get(gpu)
-        for gang in self.gangs.values():
-            if gpu not in gang.gpus:
-                continue
+        for gang in self._on.get(gpu, ()):
             times = list(gang.kept.values())
             if not gang.armed and gang.rate > 0 and not self._in_turn(gang, gang.t):
                 missing = (gang.turn_len or self.turn_ns(gang)) // 2 - gang.credit
@@ -575,9 +598,7 @@ class GangBook:
     def shares(self, gpu: int, active: Collection[str]) -> dict[str, float]:
         """The shares of ``gpu``'s gang members while ``active`` have demand there (the peers' demand: as now)."""
         out: dict[str, float] = {}
-        for gang in self.gangs.values():
-            if gpu not in gang.gpus:
-                continue
+        for gang in self._on.get(gpu, ()):
             live = gang.name in active or any(
                 gang.name in (self.assumed.get(g, ()) if self.assumed is not None else ())
                 or (self.assumed is None and self._has_demand(g, gang.name)) for g in gang.gpus if g != gpu)
@@ -619,8 +640,8 @@ class GangView(GangHooks):
     def removed(self, name: str, now: int) -> None:
         self.book.removed(self.gpu, name, now)
 
-    def ticked(self) -> None:
-        self.book.ticked(self.gpu)
+    def ticked(self, now: int) -> None:
+        self.book.ticked(self.gpu, now)
 
     def take(self) -> list[Effect]:
         return self.book.take()

@@ -113,8 +113,8 @@ class GangHooks:
     def removed(self, name: str, now: int) -> None:
         """Instance ``name`` is about to be forgotten on this GPU (it is still registered)."""
 
-    def ticked(self) -> None:
-        """This GPU's tick runs: a wakeup asked for it to look again is spent."""
+    def ticked(self, now: int) -> None:
+        """This GPU's tick runs at ``now``: a wakeup the gangs asked for is spent."""
 
     def take(self) -> list[Effect]:
         """Effects made for this GPU's clients or a peer's while acting on another (a gang's revoke)."""

@@ -298,7 +298,8 @@ class GpuScheduler(SettingWrites):
     def tick(self, now: int) -> list[Effect]:
         """Act on every deadline that has passed by ``now``."""
         effects: list[Effect] = []
-        self.rq.gangs.ticked()
+        if self.rq.gangs.active:
+            self.rq.gangs.ticked(now)
         overrun = self.overrun_ns
         for lease in self.holders():
             if now >= lease.cutoff(overrun):

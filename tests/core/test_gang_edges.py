@@ -276,3 +276,35 @@ def test_the_book_forgets_instances_that_are_gone() -> None:
         d.run(d.now + 50 * MS)
     assert not d.book.gangs and not d.book._leases
     assert {n for _, n in d.book._busy} <= {"A"} and not d.book.spin
+
+
+@pytest.mark.parametrize(("weight_b", "with_a", "expected"), [
+    (1, False, {("J", 0): 70, ("J", 1): 70, ("B", 1): 30}),
+    (3, True, {("J", 0): 50, ("J", 1): 50, ("A", 0): 50, ("B", 1): 30}),
+])
+def test_a_limited_neighbour_leaves_its_unused_share_to_the_gang(
+        weight_b: int, with_a: bool, expected: dict[tuple[str, int], float]) -> None:
+    """Issue 51 beside a gang: J on GPUs 0 and 1; B (limit 30 %) on GPU 1; A (1) on GPU 0 or nobody. On GPU 1 the
+    gang's part is water-filled under B's limit (1 - 30 % where B would have had more), so J is owed min(GPU 0's,
+    70 %), on both GPUs, as status says (it said 70 % on GPU 1 and 50 % on GPU 0 and J got 50 %; with B of weight 3,
+    25 %), and GPU 1's time that throttled B cannot use goes to the gang."""
+    d = GangDriver({0: 4, 1: 4})
+    for g in (0, 1):
+        d.add("J", g)
+    d.add("B", 1, weight=weight_b, limit=30)
+    d.client("J", 0, 1)
+    d.client("J", 1, 2)
+    d.client("B", 1, 4)
+    if with_a:
+        d.add("A", 0)
+        d.client("A", 0, 3)
+    d.run(500 * MS)
+    t0 = d.reset()
+    d.run(2500 * MS)
+    for (name, gpu), pct in expected.items():
+        assert d.share(name, gpu, t0) == pytest.approx(pct, abs=TOL_PP), (name, gpu)
+    active = {g: {n for n, gg in expected if gg == g} for g in (0, 1)}
+    for (name, gpu), pct in expected.items():
+        assert 100 * d.scheds[gpu].entitled(active[gpu])[name] == pytest.approx(pct, abs=1e-6), (name, gpu)
+    if not with_a:
+        assert d.free_waiting[1] == 0
