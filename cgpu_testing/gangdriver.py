@@ -60,7 +60,8 @@ class GangDriver:
         self.useful: dict[tuple[str, int], int] = {}
         self.free_waiting: dict[int, int] = dict.fromkeys(policies, 0)  # GPU free while someone waits, summed
         self.longest_free: dict[int, int] = dict.fromkeys(policies, 0)  # the longest such interval
-        self._free_since: dict[int, int | None] = dict.fromkeys(policies, None)
+        self._free_since: dict[int, int | None] = dict.fromkeys(policies, None)  # the interval open now
+        self._counted: dict[int, int] = dict.fromkeys(policies, 0)  # how far free_waiting counts it
         self._heap: list[tuple[int, int, str, int, int]] = []
         self._seq = itertools.count()
         self._ticks: set[int] = set()
@@ -97,7 +98,7 @@ class GangDriver:
         for g in self.free_waiting:
             self.free_waiting[g] = self.longest_free[g] = 0
             if self._free_since[g] is not None:
-                self._free_since[g] = self.now
+                self._free_since[g] = self._counted[g] = self.now
         return self.now
 
     def share(self, name: str, gpu: int, since: int) -> float:
@@ -173,9 +174,9 @@ class GangDriver:
             since = self._free_since[g]
             if waiting and not sched.rq.held():
                 if since is None:
-                    self._free_since[g] = t
+                    self._free_since[g] = self._counted[g] = t
             elif since is not None:
-                self.free_waiting[g] += t - since
+                self.free_waiting[g] += t - self._counted[g]
                 self.longest_free[g] = max(self.longest_free[g], t - since)
                 self._free_since[g] = None
 
@@ -204,7 +205,9 @@ class GangDriver:
             self._track(t)
             self._arm()
         self.now = until_ns
-        for g, since in self._free_since.items():
-            if since is not None:
-                self.longest_free[g] = max(self.longest_free[g], until_ns - since)
         self._track(until_ns)
+        for g, since in self._free_since.items():  # an interval still open counts up to now
+            if since is not None:
+                self.free_waiting[g] += until_ns - self._counted[g]
+                self._counted[g] = until_ns
+                self.longest_free[g] = max(self.longest_free[g], until_ns - since)

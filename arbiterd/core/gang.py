@@ -305,9 +305,12 @@ class GangBook:
         self.rerate()
         if not self.gangs:
             return
-        yielded = [g for g in self.gangs.values() if g.armed and self._blocked_by_gang(g, now)]
+        # an armed gang yields to one that holds one of its GPUs (that one goes first, just below), or stands down
+        # when it waits on none of its GPUs any more (its clients died): nothing would use the turn
+        yielded = [g for g in self.gangs.values()
+                   if g.armed and (not self._waits(g) or self._blocked_by_gang(g, now))]
         for gang in yielded:
-            gang.armed = False  # it yields: the gang that holds one of its GPUs goes first (just below)
+            gang.armed = False
         for gang in self.gangs.values():
             self.turn_ns(gang)
         # a gang that holds one of its GPUs already (a kernel waiting for its peers) arms first, then the one owed
@@ -315,6 +318,9 @@ class GangBook:
         for gang in sorted(self.gangs.values(),
                            key=lambda g: (not self._holds(g), -g.credit / max(1, g.turn_len), g.name)):
             if gang.kept:
+                for g, end in gang.kept.items():
+                    if end <= now:  # the GPU kept for the turn is free: its own scheduler looks again
+                        self._kick.setdefault(g, now)
                 gang.kept = {g: end for g, end in gang.kept.items() if end > now}
             # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
             # them overlaps what it still has to earn
@@ -554,8 +560,9 @@ class GangBook:
                 gang.credit -= max(0, bill.end - lease.deadline_ns) / size
             late = bill.end - lease.deadline_ns
             if late > 0 and any(self._has_demand(g, gang.name) for g in gang.gpus if g not in gang.turn):
-                gpu = next((g for g, held in gang.turn.items() if held is lease), -1)
-                self._spun(gpu, gang.name, late)
+                gpu = next((g for g in gang.gpus if self.members[g].rq.instances.get(gang.name) is lease.inst), None)
+                if gpu is not None:
+                    self._spun(gpu, gang.name, late)
             gang.held_ns += bill.held
             gang.turn = {g: held for g, held in gang.turn.items() if held is not lease}
             for g, m in self.members.items():
@@ -584,6 +591,8 @@ class GangBook:
         for g, other in list(gang.turn.items()):
             if other is not lease and other.revoked_ns is None:
                 self._outbox += self.members[g].rq.revoke(other, at, "turn")
+        for g in gang.kept:  # free again: its own scheduler looks again
+            self._kick.setdefault(g, at)
         gang.kept.clear()
 
     def take(self) -> list[Effect]:

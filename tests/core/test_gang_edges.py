@@ -308,3 +308,28 @@ def test_a_limited_neighbour_leaves_its_unused_share_to_the_gang(
         assert 100 * d.scheds[gpu].entitled(active[gpu])[name] == pytest.approx(pct, abs=1e-6), (name, gpu)
     if not with_a:
         assert d.free_waiting[1] == 0
+
+
+def test_an_armed_gang_whose_processes_die_keeps_no_gpu_from_its_tenants() -> None:
+    """J, a gang on GPUs 0 and 1 beside A (3) on GPU 0 and B (3) on GPU 1, is armed (its turn comes when A's and B's
+    end) when both its processes die. Nothing would use its turn: A and B run on, each alone on its GPU (J's turn was
+    granted anyway, both GPUs kept idle for it, and GPU 1 then stayed free with B waiting until the window passed:
+    B 10 % of the next 100 ms)."""
+    d = GangDriver({0: 4, 1: 4})
+    for g in (0, 1):
+        d.add("J", g)
+    d.add("A", 0, weight=3)
+    d.add("B", 1, weight=3)
+    j0, j1 = d.client("J", 0, 1), d.client("J", 1, 2)
+    d.client("A", 0, 3)
+    d.client("B", 1, 4)
+    d.run(500 * MS)
+    while not d.book.gangs["J"].armed:
+        d.run(d.now + MS // 10)
+    d.kill(j0)
+    d.kill(j1)
+    t0 = d.reset()
+    d.run(d.now + 100 * MS)
+    assert d.share("A", 0, t0) == pytest.approx(100, abs=TOL_PP)
+    assert d.share("B", 1, t0) == pytest.approx(100, abs=TOL_PP)
+    assert d.free_waiting == {0: 0, 1: 0}
