@@ -11,8 +11,9 @@ A gang's instances are taken out of their GPUs' own picks (``InstanceState.gang`
 the gang leaves, and know of gangs only through :class:`GangView` (the ``Runqueue.gangs`` hooks).
 
 *Entitlement.* On each member GPU the gang is a tenant of its weight: ``rest * w / W`` there (``W``: the weights
-with demand, the gang's included; ``rest``: what high priority leaves). It can only use what it has everywhere at
-once, so its share is the least of these, on every member; each GPU's other tenants share the rest by weight.
+with demand, the gang's included; ``rest``: what high priority leaves), water-filled under the limits of limited
+tenants there. It can only use what it has everywhere at once, so its share is the least of these, on every member;
+each GPU's other tenants share the rest by weight (under their limits).
 
 *Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are
 held (as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
@@ -22,7 +23,12 @@ in a turn cut to end where the last peer's ends (:meth:`GangView.fence`); when e
 granted all of them at once, one deadline for all. A revoke of one member's lease (high priority, an operator)
 revokes the others. Time that nobody else wants on any member GPU goes to a gang with work on all of them (spent
 from its credit like any turn). A member GPU idles only where the gang needs it and it has nobody to fill the gap
-with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU.
+with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU. Gangs that share a
+GPU are armed one at a time, the one owed most per turn first.
+
+*Kicks.* A GPU's scheduler runs only on its own events and wakeups. When a gang dissolves or stops being armed, a
+GPU of it may hold a waiter of the gang that is now its own to serve, or be held free for a turn that will not
+come: each such GPU is *kicked* (its wakeup is now) and looks again at its next tick.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from arbiterd.core.effects import NS_PER_MS, Effect, GrantLease
+from arbiterd.core.limits import waterfill
 from arbiterd.core.model import Bill, GangHooks, InstanceState, Lease, Runqueue
 from arbiterd.core.policies.base import Policy
 from arbiterd.core.policies.highprio import HighPriority
@@ -70,6 +77,7 @@ class Gang:
     ext: int = 0  # the hand-over its turn under way was lengthened by
     turn_end: int = 0  # that turn's deadline
     turns: int = 0
+    turn_len: int = 0  # one turn of it (GangBook.turn_ns), as of the last sync that needed it
     held_ns: int = 0  # its leases' held time, summed over its GPUs
 
 
@@ -98,6 +106,10 @@ class GangBook:
         self._leases: dict[int, Gang] = {}  # lease id() -> the gang whose turn it is
         self._outbox: list[Effect] = []
         self._t = 0
+        # GPUs whose scheduler must look again (a gang over them dissolved or was un-armed: a waiter of its may
+        # now be theirs to serve, or a turn fenced for it is free), and since when: their wakeup is then
+        self._kick: dict[int, int] = {}
+        self._on: dict[int, list[Gang]] = {}  # the gangs over each GPU (kept with gangs)
         self.assumed: Mapping[int, Collection[str]] | None = None  # demand to assume (a simulator's targets)
         # collective spin as far as the daemon sees it, per (GPU, instance): time a member held its lease past the
         # turn's deadline while a peer waited for its next turn (its kernel waiting for that peer's)
@@ -111,6 +123,11 @@ class GangBook:
         self._dirty = True
 
     # ---------------------------------------------------------------- membership
+    @property
+    def crossing(self) -> bool:
+        """Whether a step on one GPU may move another GPU's deadline now (a gang, or a GPU kicked to look again)."""
+        return bool(self.gangs) or bool(self._kick)
+
     @property
     def enabled(self) -> bool:
         return self.window_ns > 0 and len(self.members) > 1
@@ -152,15 +169,29 @@ class GangBook:
                 want[name] = busy
         for name, gang in list(self.gangs.items()):
             if want.get(name) != gang.gpus:
-                del self.gangs[name]
-                for g in gang.gpus:
-                    self._unflag(g, name, now)
+                self._dissolve(gang, now)
         for name, gpus in want.items():
             if name not in self.gangs:
                 gang = Gang(name, gpus, now)
                 self.gangs[name] = gang
                 for g in gpus:
-                    self.members[g].rq.instances[name].gang = True
+                    self._on.setdefault(g, []).append(gang)
+                for g in gpus:
+                    inst = self.members[g].rq.instances.get(name)
+                    if inst is not None:
+                        inst.gang = True
+
+    def _dissolve(self, gang: Gang, now: int) -> None:
+        """``gang`` is gone: its instances go back to their GPUs' own turns, an aligned wait for it ends, and
+        every GPU of it looks again (a waiter of it, or a turn fenced for it, is now the GPU's to serve)."""
+        del self.gangs[gang.name]
+        for g in gang.gpus:
+            self._on[g] = [other for other in self._on.get(g, ()) if other is not gang]
+        for g in gang.gpus:
+            if gang.armed:
+                self._busy_end(g, now)
+            self._unflag(g, gang.name, now)
+            self._kick.setdefault(g, now)
 
     def _unflag(self, gpu: int, name: str, now: int) -> None:
         m = self.members.get(gpu)
@@ -176,13 +207,32 @@ class GangBook:
     def changed(self) -> None:
         self._dirty = True
 
+    def removed(self, gpu: int, name: str, now: int) -> None:
+        """Instance ``name`` is about to be forgotten on ``gpu`` (its record dropped): a gang of it over ``gpu``
+        dissolves now, while its record is still there (the next sync forms what is left), and what the book
+        kept of it there goes."""
+        self.accrue(now)
+        gang = self.gangs.get(name)
+        if gang is not None and gpu in gang.gpus:
+            self._dissolve(gang, now)
+        self._busy.pop((gpu, name), None)
+        self.spin.pop((gpu, name), None)
+        self._dirty = True
+
+    def ticked(self, gpu: int, now: int) -> None:
+        """``gpu``'s tick runs: a kick of it is spent, and the book is brought to ``now`` (the wakeup it asked for may
+        be a gang's credit, which only a sync moves: a tick that reached no gang hook would find it due again)."""
+        self._kick.pop(gpu, None)
+        self.sync(now)
+
     def touched(self, gpu: int, inst: InstanceState, now: int) -> None:
         if inst.name in self._multi or self._dirty:
             self._busy[(gpu, inst.name)] = now
 
     # ---------------------------------------------------------------- credit and shares
     def share(self, gang: Gang, gpu: int | None = None, active_here: Collection[str] | None = None) -> float:
-        """The gang's share: the least of its weight's share over its GPUs (rest * w / W on each)."""
+        """The gang's share: the least of its weight's share over its GPUs (on each, ``rest`` water-filled by weight
+        among the instances with demand under their limits, the gang's included: rest * w / W where none binds)."""
         best = 1.0
         for g in gang.gpus:
             m = self.members[g]
@@ -193,11 +243,17 @@ class GangBook:
                 active = self.assumed.get(g, ())
             else:
                 active = {n for n, i in rq.instances.items() if i.waiters or i.leases}
-            normals = [i for i in rq.instances.values() if i.weight > 0 and not i.highprio]
             _, rest = m.hp.shares(active, True, True, m.policy.limited())
-            weights = sum(m.policy.vtime_weight(i) for i in normals if i.name in active or i.name == gang.name)
-            own = m.policy.vtime_weight(rq.instances[gang.name])
-            best = min(best, rest * own / weights if weights else 0.0)
+            want = [i for i in rq.instances.values() if i.weight > 0 and not i.highprio
+                    and (i.name in active or i.name == gang.name)]
+            weights = {i.name: float(m.policy.vtime_weight(i)) for i in want}
+            if gang.name not in weights:
+                return 0.0  # its record is being dropped, or it is no longer eligible: it dissolves at the next sync
+            if m.policy.limited():
+                caps = {i.name: i.limit / 100 for i in want if i.limit < NO_LIMIT}
+                best = min(best, waterfill(weights, caps, rest)[gang.name])
+            else:
+                best = min(best, rest * weights[gang.name] / sum(weights.values()))
         return best
 
     def _active(self, gang: Gang) -> bool:
@@ -206,12 +262,15 @@ class GangBook:
         return any(self._has_demand(g, gang.name) for g in gang.gpus)
 
     def turn_ns(self, gang: Gang) -> int:
-        """One turn of the gang: the longest its weight's turn is on any of its GPUs."""
-        return max(self._turn_on(g, gang.name) for g in gang.gpus)
+        """One turn of the gang: the longest its weight's turn is on any of its GPUs (kept as ``turn_len``)."""
+        gang.turn_len = max(self._turn_on(g, gang.name) for g in gang.gpus)
+        return gang.turn_len
 
     def _turn_on(self, gpu: int, name: str) -> int:
         m = self.members[gpu]
-        inst = m.rq.instances[name]
+        inst = m.rq.instances.get(name)
+        if inst is None:  # its record is being dropped: it dissolves at the next sync
+            return m.rq.slice_ns
         if isinstance(m.policy, VirtualTime):
             return m.policy.turn_ns(inst)
         return max(1, inst.weight) * m.rq.slice_ns  # its GPU left the gang's policies: it dissolves at the next sync
@@ -225,8 +284,9 @@ class GangBook:
             if now > gang.t:
                 gang.credit += gang.rate * (now - gang.t)
                 gang.t = now
-                turn = self.turn_ns(gang)
-                gang.credit = max(-CREDIT_TURNS * turn, min(gang.credit, CREDIT_TURNS * turn))
+                if gang.rate > 0 or gang.credit < 0:  # else nothing moved it towards a bound
+                    turn = self.turn_ns(gang)
+                    gang.credit = max(-CREDIT_TURNS * turn, min(gang.credit, CREDIT_TURNS * turn))
 
     def rerate(self) -> None:
         for gang in self.gangs.values():
@@ -236,24 +296,49 @@ class GangBook:
     def sync(self, now: int) -> None:
         """Bring credit to ``now``, the gangs up to date, and arm those due (the cut-backs this makes, on any of
         their GPUs, go out with the effects of the call under way: :meth:`take`)."""
+        dirty = self._dirty  # a record may be gone: the gangs are brought up to date before anything reads them
+        if dirty:
+            self.refresh(now)
         self.accrue(now)
-        self.refresh(now)
+        if not dirty:
+            self.refresh(now)
         self.rerate()
+        if not self.gangs:
+            return
+        # an armed gang yields to one that holds one of its GPUs (that one goes first, just below), or stands down
+        # when it waits on none of its GPUs any more (its clients died): nothing would use the turn
+        yielded = [g for g in self.gangs.values()
+                   if g.armed and (not self._waits(g) or self._blocked_by_gang(g, now))]
+        for gang in yielded:
+            gang.armed = False
         for gang in self.gangs.values():
-            if gang.armed and self._blocked_by_gang(gang, now):
-                gang.armed = False  # it yields: the gang that holds one of its GPUs goes first (just below)
-        # a gang that holds one of its GPUs already (a kernel waiting for its peers) arms first, then the most owed
-        for gang in sorted(self.gangs.values(), key=lambda g: (not self._holds(g), -g.credit)):
+            self.turn_ns(gang)
+        # a gang that holds one of its GPUs already (a kernel waiting for its peers) arms first, then the one owed
+        # most, relative to one of its turns
+        for gang in sorted(self.gangs.values(),
+                           key=lambda g: (not self._holds(g), -g.credit / max(1, g.turn_len), g.name)):
             if gang.kept:
+                for g, end in gang.kept.items():
+                    if end <= now:  # the GPU kept for the turn is free: its own scheduler looks again
+                        self._kick.setdefault(g, now)
                 gang.kept = {g: end for g, end in gang.kept.items() if end > now}
             # armed as soon as its credit will pay for a turn by the time its GPUs' current turns end: the wait for
             # them overlaps what it still has to earn
             if not gang.armed and not self._in_turn(gang, now) and self._waits(gang) \
-                    and gang.credit + gang.rate * self._busy_for(gang, now) >= self.turn_ns(gang) // 2 \
+                    and gang.credit + gang.rate * self._busy_for(gang, now) >= gang.turn_len // 2 \
                     and not self._armed_on(gang.gpus):
                 gang.armed = True
                 log.debug("gang %s armed at %d (credit %.0f, GPUs %s)", gang.name, now, gang.credit, gang.gpus)
                 self._outbox += self._cut_back(gang, now)
+        for gang in yielded:
+            if not gang.armed:
+                self._unarmed(gang, now)
+
+    def _unarmed(self, gang: Gang, now: int) -> None:
+        """``gang`` is armed no longer: a GPU idle or fenced for it is its own scheduler's again."""
+        for g in gang.gpus:
+            self._busy_end(g, now)
+            self._kick.setdefault(g, now)
 
     def _holds(self, gang: Gang) -> bool:
         """Whether the gang holds the lease on one of its GPUs."""
@@ -289,11 +374,15 @@ class GangBook:
     def _waits(self, gang: Gang) -> bool:
         """Whether the gang waits on one of its GPUs (the others may be held by a kernel spinning for a peer,
         or between launches: they are kept for it)."""
-        return any(bool(self.members[g].rq.instances[gang.name].waiters) for g in gang.gpus)
+        return any(self._waits_on(g, gang.name) for g in gang.gpus)
+
+    def _waits_on(self, gpu: int, name: str) -> bool:
+        inst = self.members[gpu].rq.instances.get(name)
+        return inst is not None and bool(inst.waiters)
 
     def kept_until(self, gpu: int, now: int) -> tuple[Gang, int] | None:
         """The gang ``gpu`` is kept for now, and until when."""
-        for gang in self.gangs.values():
+        for gang in self._on.get(gpu, ()):
             end = gang.kept.get(gpu)
             if end is not None and end > now:
                 return gang, end
@@ -322,8 +411,8 @@ class GangBook:
     def fence(self, gpu: int, now: int) -> int | None:
         """Where a turn granted on ``gpu`` now must end: where the last peer's current turn ends, for the gang
         armed over ``gpu`` (now: it waits only for a peer running past its deadline)."""
-        for gang in self.gangs.values():
-            if gang.armed and gpu in gang.gpus:
+        for gang in self._on.get(gpu, ()):
+            if gang.armed:
                 end = now
                 for g in gang.gpus:
                     lease = self.members[g].rq.lease
@@ -333,7 +422,7 @@ class GangBook:
                     if g != gpu and kept is not None:
                         end = max(end, kept[1])
                 if end > now:  # the gap is filled: this GPU is not idle for the gang
-                    self.stats[gpu].idle_since = None
+                    self._busy_end(gpu, now)
                 return end
         return None
 
@@ -352,27 +441,27 @@ class GangBook:
         """Start a gang's turn on every GPU of it at once, if one is armed over ``gpu`` and all are free, or time
         nobody else wants is left on all of them; a GPU kept for a gang's turn is its alone until the turn's end;
         None: the GPU's policy picks (within :meth:`fence`)."""
+        self._kick.pop(gpu, None)
         self.sync(now)
         kept = self.kept_until(gpu, now)
         if kept is not None:
             gang, end = kept
-            inst = self.members[gpu].rq.instances[gang.name]
-            if not inst.waiters:
+            if not self._waits_on(gpu, gang.name):
                 return []
             del gang.kept[gpu]
             return self._lease(gang, gpu, now, end, gang.ext)
-        for gang in self.gangs.values():
-            if gpu in gang.gpus and gpu not in gang.turn and now < gang.turn_end and gang.turn \
-                    and self.members[gpu].rq.instances[gang.name].waiters:
+        for gang in self._on.get(gpu, ()):
+            if gpu not in gang.turn and now < gang.turn_end and gang.turn \
+                    and self._waits_on(gpu, gang.name):
                 # it comes back within its turn, which a peer still holds: the rest of the turn is its own here
                 return self._lease(gang, gpu, now, gang.turn_end, 0)
-        for gang in self.gangs.values():
-            if gang.armed and gpu in gang.gpus:
+        for gang in self._on.get(gpu, ()):
+            if gang.armed:
                 if self._free(gang, now):
                     return self._grant(gang, now, self.turn_ns(gang))
                 self._idle(gpu, now)
                 return None
-        spare = [g for g in self.gangs.values() if gpu in g.gpus and not self._in_turn(g, now) and self._waits(g)
+        spare = [g for g in self._on.get(gpu, ()) if not self._in_turn(g, now) and self._waits(g)
                  and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
         if spare:  # time nobody else wants on any of its GPUs
             gang = max(spare, key=lambda g: g.credit)
@@ -380,7 +469,10 @@ class GangBook:
         return None
 
     def _others_wait(self, gpu: int, name: str) -> bool:
-        return any(i.waiters and i.weight > 0 and i.name != name for i in self.members[gpu].rq.instances.values())
+        """Whether another instance waits on ``gpu`` and may run (one whose limit's runtime is spent may not)."""
+        rq = self.members[gpu].rq
+        return any(i.waiters and i.weight > 0 and i.name != name and not rq.bw.throttled(i)
+                   for i in rq.instances.values())
 
     def _grant(self, gang: Gang, now: int, length: int) -> list[Effect]:
         """The gang's turn on all its GPUs at once, one deadline for all: a lease where it waits, and where it does
@@ -411,7 +503,7 @@ class GangBook:
                 self._leases[id(own)] = gang
             elif own is not None:  # revoked, its holder finishing a kernel: then the GPU is kept for it
                 gang.kept[g] = end
-            elif self.members[g].rq.instances[gang.name].waiters:
+            elif self._waits_on(g, gang.name):
                 effects += self._lease(gang, g, now, end, ext)
             else:
                 gang.kept[g] = end
@@ -439,15 +531,14 @@ class GangBook:
 
     def wakeup(self, gpu: int) -> int | None:
         """When a gang over ``gpu`` will have credit for a turn, a GPU kept for it is free again, or one of its GPUs
-        leaves it (the window)."""
-        at: int | None = None
-        for gang in self.gangs.values():
-            if gpu not in gang.gpus:
-                continue
+        leaves it (the window); at once for a GPU kicked (a gang over it dissolved or was un-armed)."""
+        at: int | None = self._kick.get(gpu)
+        for gang in self._on.get(gpu, ()):
             times = list(gang.kept.values())
-            missing = self.turn_ns(gang) // 2 - gang.credit
-            if not gang.armed and not self._in_turn(gang, gang.t) and gang.rate > 0 and missing > 0:
-                times.append(gang.t + int(missing / gang.rate) + 1)
+            if not gang.armed and gang.rate > 0 and not self._in_turn(gang, gang.t):
+                missing = (gang.turn_len or self.turn_ns(gang)) // 2 - gang.credit
+                if missing > 0:
+                    times.append(gang.t + int(missing / gang.rate) + 1)
             for g in gang.gpus:
                 if not self._has_demand(g, gang.name):
                     times.append(self._busy.get((g, gang.name), gang.t) + self.window_ns + 1)
@@ -469,8 +560,9 @@ class GangBook:
                 gang.credit -= max(0, bill.end - lease.deadline_ns) / size
             late = bill.end - lease.deadline_ns
             if late > 0 and any(self._has_demand(g, gang.name) for g in gang.gpus if g not in gang.turn):
-                gpu = next((g for g, held in gang.turn.items() if held is lease), -1)
-                self._spun(gpu, gang.name, late)
+                gpu = next((g for g in gang.gpus if self.members[g].rq.instances.get(gang.name) is lease.inst), None)
+                if gpu is not None:
+                    self._spun(gpu, gang.name, late)
             gang.held_ns += bill.held
             gang.turn = {g: held for g, held in gang.turn.items() if held is not lease}
             for g, m in self.members.items():
@@ -499,6 +591,8 @@ class GangBook:
         for g, other in list(gang.turn.items()):
             if other is not lease and other.revoked_ns is None:
                 self._outbox += self.members[g].rq.revoke(other, at, "turn")
+        for g in gang.kept:  # free again: its own scheduler looks again
+            self._kick.setdefault(g, at)
         gang.kept.clear()
 
     def take(self) -> list[Effect]:
@@ -513,9 +607,7 @@ class GangBook:
     def shares(self, gpu: int, active: Collection[str]) -> dict[str, float]:
         """The shares of ``gpu``'s gang members while ``active`` have demand there (the peers' demand: as now)."""
         out: dict[str, float] = {}
-        for gang in self.gangs.values():
-            if gpu not in gang.gpus:
-                continue
+        for gang in self._on.get(gpu, ()):
             live = gang.name in active or any(
                 gang.name in (self.assumed.get(g, ()) if self.assumed is not None else ())
                 or (self.assumed is None and self._has_demand(g, gang.name)) for g in gang.gpus if g != gpu)
@@ -533,7 +625,7 @@ class GangView(GangHooks):
     @property
     def active(self) -> bool:
         book = self.book
-        return bool(book.gangs) or bool(book._multi) or (book._dirty and book.enabled)
+        return bool(book.gangs) or bool(book._multi) or bool(book._kick) or (book._dirty and book.enabled)
 
     def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
         self.book.sync(now)
@@ -553,6 +645,12 @@ class GangView(GangHooks):
 
     def changed(self) -> None:
         self.book.changed()
+
+    def removed(self, name: str, now: int) -> None:
+        self.book.removed(self.gpu, name, now)
+
+    def ticked(self, now: int) -> None:
+        self.book.ticked(self.gpu, now)
 
     def take(self) -> list[Effect]:
         return self.book.take()

@@ -110,6 +110,12 @@ class GangHooks:
     def changed(self) -> None:
         """Instances, weights, priorities, limits or the policy changed."""
 
+    def removed(self, name: str, now: int) -> None:
+        """Instance ``name`` is about to be forgotten on this GPU (it is still registered)."""
+
+    def ticked(self, now: int) -> None:
+        """This GPU's tick runs at ``now``: a wakeup the gangs asked for is spent."""
+
     def take(self) -> list[Effect]:
         """Effects made for this GPU's clients or a peer's while acting on another (a gang's revoke)."""
         return []

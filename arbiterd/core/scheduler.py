@@ -177,7 +177,7 @@ class GpuScheduler(SettingWrites):
         to = self.policy.weight_switch(weight) if switch else None
         effects = self.set_policy(to, now) if to is not None else self.policy.schedule(now)
         self._reshare(now)
-        return effects
+        return effects + self.rq.gangs.take()
 
     def remove_instance(self, name: str, now: int) -> list[Effect]:
         """Forget an instance; its lease is ended and its waiters dropped."""
@@ -194,6 +194,7 @@ class GpuScheduler(SettingWrites):
                 self.stats.revoked["removed"] += 1
                 self._end_lease(lease, now)
         self.ent.fold(now)
+        self.rq.gangs.removed(name, now)  # a gang of it dissolves while its record is still there
         del self.instances[name]
         self.rq.waits.forget(name)
         self.rq.bw.forget(inst, now)
@@ -297,6 +298,8 @@ class GpuScheduler(SettingWrites):
     def tick(self, now: int) -> list[Effect]:
         """Act on every deadline that has passed by ``now``."""
         effects: list[Effect] = []
+        if self.rq.gangs.active:
+            self.rq.gangs.ticked(now)
         overrun = self.overrun_ns
         for lease in self.holders():
             if now >= lease.cutoff(overrun):
@@ -387,6 +390,8 @@ class GpuScheduler(SettingWrites):
             owner.forget(lease)
             if rq.draining:
                 rq.draining = [old for old in rq.draining if old.leases]
+                if not rq.draining:  # the policy switched to is in force alone now: gangs may form on it
+                    rq.gangs.changed()
         if rq.busy_since is not None and not rq.held():
             rq.stats.busy_ns += now - rq.busy_since
             rq.busy_since = None

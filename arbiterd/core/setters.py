@@ -72,7 +72,7 @@ class SettingWrites:
         """``overrun_ms``, or a setting the server's containment reads (``unmanaged``, ``memory_*``)."""
         self.check(name, value)
         setattr(self.settings, name, value)
-        return self.policy.schedule(now)
+        return self.policy.schedule(now) + self.rq.gangs.take()
 
     def _set_slice_bound(self, name: str, value: int, now: int) -> list[Effect]:
         """``slice_min_ms``, ``slice_max_ms``, ``handover_target_pct``, ``latency_target_ms`` or
@@ -80,7 +80,7 @@ class SettingWrites:
         self.check(name, value)
         setattr(self.settings, name, value)
         self._refresh_slice(now)
-        return self.policy.schedule(now)
+        return self.policy.schedule(now) + self.rq.gangs.take()
 
     def _refresh_slice(self, now: int) -> None:
         """Put the slice and the turn extension in force again (a setting or the measured hand-over changed).
@@ -129,7 +129,7 @@ class SettingWrites:
         GPU["slice_ms"].valid(value)
         self.settings.slice_ms = value
         self._refresh_slice(now)
-        return self.policy.schedule(now)
+        return self.policy.schedule(now) + self.rq.gangs.take()
 
     def check_weight(self, name: str, weight: int) -> None:
         """Raise a CoreError (one line) if instance ``name`` may not have ``weight``; change nothing."""

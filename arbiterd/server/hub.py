@@ -227,7 +227,8 @@ class Hub:
 
     def _acquire(self, client: Peer, msg: p.Acquire, now: int) -> Outcome:
         # a gang's step on one GPU may move another's deadline: every GPU's timer is asked then
-        return (NO_REPLY, self.arbiter.acquire(client.cid, msg.gpu, now), None if self.arbiter.gangs.gangs else msg.gpu)
+        effects = self.arbiter.acquire(client.cid, msg.gpu, now)
+        return (NO_REPLY, effects, None if self.arbiter.gangs.crossing else msg.gpu)
 
     def _release(self, client: Peer, msg: p.Release, now: int) -> Outcome:
         arb = self.arbiter
@@ -236,7 +237,7 @@ class Hub:
         replies = (p.Ok(msg.id),) if msg.id is not None else NO_REPLY
         # a release that granted nothing moves no deadline where every client holds its own lease (native)
         timer: int | None = msg.gpu if effects or arb.scheds[msg.gpu].release_moves_timer() else NO_TIMER
-        if arb.gangs.gangs:  # a gang's step on one GPU may move another's deadline
+        if arb.gangs.crossing:  # a gang's step on one GPU may move another's deadline
             timer = None
         return (replies, effects, timer)
 

@@ -168,7 +168,9 @@ class Policy:
         caps = {i.name: i.limit / 100 for i in normals if i.limit < NO_LIMIT}
         if not self.conserving:
             return {n: min(s, caps.get(n, s)) for n, s in out.items()}
-        want = [i for i in normals if i.name in active]
+        # a gang's members keep the gang's share (gang.py water-filled it already); the others share what is left
+        gangs = self.gpu.gangs.shares(active, left) if self.gpu.gangs.active else {}
+        want = [i for i in normals if i.name in active and i.name not in gangs]
         total = sum(out[i.name] for i in want) + left
         out.update(waterfill({i.name: self.vtime_weight(i) for i in want}, caps, total))
         spare = total - sum(out[i.name] for i in want)
