@@ -104,6 +104,8 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         run_dir = Path(cfg.run_dir)
         secure_dir(run_dir, 0o755, "run dir")
+        # a token it must refuse stops the daemon before any socket accepts: no client may find it half started
+        token = load_token(Path(cfg.state_dir) / "admin.token") if cfg.admin_listen else None
         passed = listen_fds()
         try:
             client_sock = passed.get("arbiter") or self._bind(run_dir / "arbiter.sock", *client_access(cfg))
@@ -114,7 +116,6 @@ class Daemon:
         if passed:
             log.info("using %d socket(s) passed by the service manager: %s", len(passed), ", ".join(passed))
         self._servers.append(await loop.create_unix_server(self._connection, sock=client_sock))
-        token = load_token(Path(cfg.state_dir) / "admin.token") if cfg.admin_listen else None
         app = make_admin_app(self.hub, token)
         # an admin request is a path, a token and at most 4 KiB of body: headers past these are refused (400)
         # before any token is checked, so a local user cannot make the daemon hold aiohttp's 1 MiB a request
