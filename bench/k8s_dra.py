@@ -122,8 +122,7 @@ def replay_dra(arrivals: list[Any], root: Path, gpus: int, gib_per_gpu: int) -> 
             got = k8s_labels.check(admin, running)
             run.labelled, run.running_at_end = got.labelled, got.registered
             run.label_problems, run.register_refused = got.problems, got.refused
-            _check_limits(admin, run, {e.pod for e in running} - {r.split(":", 1)[0].split("/")[1]
-                                                                 for r in got.refused})
+            _check_limits(admin, run, got.pods)
         finally:
             node.close()
     return run
@@ -135,7 +134,7 @@ def limit_for(a: Any) -> int:
     return min(100, 2 * a.core) if a.core and a.step % 2 == 0 else 0
 
 
-def _check_limits(admin: AdminClient, run: DraRun, registered: set[str]) -> None:
+def _check_limits(admin: AdminClient, run: DraRun, registered: frozenset[str]) -> None:
     """Count the limited pods whose container registered, and those whose instance holds the claim's limit."""
     held = {i["labels"]["pod"]: i.get("limit") for g in admin.status()["gpus"] for i in g["instances"]
             if i.get("labels")}

@@ -58,6 +58,7 @@ class Labelled:
     registered: int
     problems: list[str]  # a line per registered pod whose series do not
     refused: list[str]  # a line per pod whose container arbiterd refused at registration
+    pods: frozenset[str] = frozenset()  # the names of the pods whose container registered
 
 
 def check(admin: AdminClient, pods: Sequence[Expected]) -> Labelled:
@@ -78,7 +79,8 @@ def check(admin: AdminClient, pods: Sequence[Expected]) -> Labelled:
             break
         time.sleep(0.2)
     problems = [f"{instances[i].namespace}/{instances[i].pod}: {why}" for i, why in sorted(bad.items())]
-    return Labelled(len(instances) - len(bad), len(instances), problems, refused)
+    return Labelled(len(instances) - len(bad), len(instances), problems, refused,
+                    frozenset(e.pod for e in instances.values()))
 
 
 def _mislabelled(admin: AdminClient, instances: dict[str, Expected]) -> dict[str, str]:

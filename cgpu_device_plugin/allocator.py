@@ -223,16 +223,16 @@ class Allocator:
         changed. Raises nothing, and holds the lock as :meth:`label` does: arbiterd away leaves the rest for the
         next poll; a refusal (a limit below the request, or a card that cannot honour it) is logged once."""
         with self._lock:
-            todo = [(rec, want) for rec in self.store.records.values()
+            records = self.store.records
+            self._limit_refused = {r for r in self._limit_refused if r[0] in records}  # gone: forgotten
+            todo = [(rec, want) for rec in records.values()
                     if rec.resource is Resource.CORE and rec.labels is not None
                     and (want := limits.get(podlimits.key(rec.labels), 0)) != rec.limit
                     and (rec.alloc_id, want) not in self._limit_refused]
         changed = 0
         for rec, want in todo:
             what = f"limit {want} %" if want else "no limit"
-            try:
-                if want and want < rec.core:
-                    raise Refused(400, f"{want} % is below its request, {rec.core} %")
+            try:  # arbiterd checks it (below the request, a card that cannot honour it) and says why
                 self.admin.limit_allocation(rec.alloc_id, want)
             except Unreachable as exc:
                 log.warning("allocation %s (GPU %s): cannot set %s in arbiterd: %s", rec.alloc_id, _gpus(rec), what,
