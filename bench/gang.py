@@ -7,19 +7,24 @@ slice_ms auto, weight 1 each), run twice: with ``--gang-window-ms 0`` (before: e
 its own, as cgpu did) and at the default window (after: gang leases). Every tenant is a C program
 (``cgpu_testing/native/cuda_job.c``) launching kernels of ``--ms`` through libcgpu.so on the fake CUDA driver, in
 steps of 4 kernels and a stream sync. A *job* is one instance with a process on each GPU (as torchrun starts them),
-whose every step ends with the fake driver's collective (``cgpu_allreduce``, fakecoll.c): it cannot finish until
-it has started on the peer GPU, and spins on its GPU meanwhile, as NCCL's kernels do.
+whose every step ends with the fake driver's collective (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``,
+fakecoll.c): it cannot finish until it has started on the peer GPU, and spins on its GPU meanwhile, as NCCL's
+kernels do; libcgpu.so counts it, so the ranks end each gang turn at the same one (behaviour §11).
 
 Two scenarios: ``job+tenants`` (job J on GPUs 0 and 1, A on GPU 0, B and C on GPU 1: J is entitled to min(1/2,
 1/3) = 33.3 % on both, A to 66.7 %, B and C to 33.3 %), and ``two_jobs`` (J1 and J2 on the same pair: 50 % each).
 A rate is steps a second; a share is the rate in the scenario against the rate alone just before (J alone: both
 its processes). Printed, per run: the job's rate against its entitled rate (entitled share x rate alone), its
 collective spin as % of the time it held its GPUs (the driver's count against the daemon's held time), each
-single-GPU tenant's share against its entitlement, and the longest stall (the longest gap between two steps of
-any tenant, less a step, against the round in force). The output ends with ``gang_rate_pct=<n> spin_pct=<n>
-tenant_err_pp=<n> max_stall_ms=<n>`` for the gangs-on run (the job of ``job+tenants``; the stall: both scenarios).
-Targets: the job at >= 95 % of its entitled rate, spin <= 2 % of its held time, tenants within 2 pp, no stall
-longer than a round.
+single-GPU tenant's share against its entitlement, and the longest stall: the longest gap between two steps of
+any tenant, less a step, against the round of its GPU *as held* (one turn of every instance there, each the mean
+of its turns in the window: held time over grants; for the job, its GPU with the longer round). The round in force
+that status gives counts a turn's useful time only, not the hand-over each turn is lengthened by, so a tenant
+waiting its due, the others' turns, read as a stall beside it. Spin and held time are read over the window the
+rates are (from a second in: a collective that one rank launched as the other paused, in the run before, ends
+early in this one). The output ends with ``gang_rate_pct=<n> spin_pct=<n> tenant_err_pp=<n> max_stall_ms=<n>``
+for the gangs-on run (the job of ``job+tenants``; the stall: both scenarios). Targets: the job at >= 95 % of its
+entitled rate, spin <= 2 % of its held time, tenants within 2 pp, no stall longer than a round.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -44,7 +49,7 @@ from bench.fidelity_run import NativeTarget, native_target
 from cgpu_testing.daemon import DaemonProc
 
 BATCH = 4  # kernels a step: 3 of work and the collective (a job) or a 4th of work (a tenant)
-SLOT = struct.Struct("4Q")  # fakecoll.c's per-device record: started, spin_ns, count, work_ns
+SLOT = struct.Struct("5Q")  # fakecoll.c's per-device record: started, spin_ns, count, work_ns, max_spin_ns
 
 
 @dataclass(frozen=True)
@@ -113,16 +118,18 @@ class Procs:
         stdin.write(line + "\n")
         stdin.flush()
 
-    def run(self, names: list[str], seconds: float, probe: Callable[[], None] | None = None) -> tuple[int, int]:
-        """Those tenants work for ``seconds``; ``probe`` is called half-way."""
+    def run(self, names: list[str], seconds: float, marks: Sequence[tuple[float, Callable[[], None]]] = ()
+            ) -> tuple[int, int]:
+        """Those tenants work for ``seconds``; each of ``marks`` is called that many seconds in (in order; one at
+        ``seconds``: just before they are told to pause)."""
         keys = [k for k in self.procs if k[0] in names]
         t0 = time.monotonic_ns()
         for k in keys:
             self._send(k, "run")
-        time.sleep(seconds / 2)
-        if probe is not None:
-            probe()
-        time.sleep(seconds / 2)
+        for at, call in sorted(marks, key=lambda m: m[0]):
+            time.sleep(max(0.0, t0 / 1e9 + at - time.monotonic_ns() / 1e9))
+            call()
+        time.sleep(max(0.0, t0 / 1e9 + seconds - time.monotonic_ns() / 1e9))
         t1 = time.monotonic_ns()
         for k in keys:
             self._send(k, "pause")
@@ -165,6 +172,27 @@ def held_s(daemon: DaemonProc, instance: str) -> tuple[float, float]:
     return held, round_ms
 
 
+def turns(daemon: DaemonProc) -> dict[int, dict[str, tuple[float, int]]]:
+    """Per GPU, each instance's held seconds and grants so far."""
+    return {int(g["index"]): {i["id"]: (float(i["held_seconds"]), int(i["grants"])) for i in g["instances"]}
+            for g in daemon.status()["gpus"]}
+
+
+def rounds_held_ms(t0: dict[int, dict[str, tuple[float, int]]], t1: dict[int, dict[str, tuple[float, int]]]
+                   ) -> dict[int, float]:
+    """Per GPU, the round as held between two :func:`turns`: one turn of every instance that had turns there, each
+    its mean (held time over grants)."""
+    out: dict[int, float] = {}
+    for g, now in t1.items():
+        total = 0.0
+        for inst, (held, grants) in now.items():
+            held0, grants0 = t0.get(g, {}).get(inst, (0.0, 0))
+            if grants > grants0:
+                total += (held - held0) / (grants - grants0)
+        out[g] = round(1000 * total, 1)
+    return out
+
+
 def rate(ends: list[int], t0: int, t1: int) -> float:
     return (bisect.bisect_left(ends, t1) - bisect.bisect_left(ends, t0)) / ((t1 - t0) / 1e9)
 
@@ -183,12 +211,23 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
             a0, a1 = ps.run([t.name], 1.5)
             solo[t.name] = (a0 + int(0.4e9), a1)
         jobs = [t for t in tenants if t.job]
-        before = {t.name: (ps.spin_ns(t), held_s(daemon, ps.instance(t))[0]) for t in jobs}
+        # the job's spin and held time over the window its rate is read in: from a second in (a collective that
+        # one rank launched as the other paused, in the run before, spins until they run again and is counted as it
+        # ends, early in this run) to its end
+        marks: dict[str, tuple[int, dict[str, tuple[int, float]]]] = {}
+        held: dict[str, dict[int, dict[str, tuple[float, int]]]] = {}
+
+        def snap(key: str) -> None:
+            marks[key] = (time.monotonic_ns(), {t.name: (ps.spin_ns(t), held_s(daemon, ps.instance(t))[0])
+                                                for t in jobs})
+            held[key] = turns(daemon)
+
         rounds: list[float] = []
-        c0, c1 = ps.run([t.name for t in tenants], seconds,
-                        lambda: rounds.append(held_s(daemon, ps.instance(tenants[0]))[1]))
-        after = {t.name: (ps.spin_ns(t), held_s(daemon, ps.instance(t))) for t in jobs}
-        w0 = c0 + int(1e9)
+        ps.run([t.name for t in tenants], seconds,
+               [(1.0, lambda: snap("from")), (seconds / 2, lambda: rounds.append(held_s(daemon, ps.instance(
+                   tenants[0]))[1])), (seconds, lambda: snap("to"))])
+        (w0, before), (c1, after) = marks["from"], marks["to"]
+        round_held = rounds_held_ms(held["from"], held["to"])
         out: dict[str, Any] = {"scenario": name, "tenants": {}}
         for t in tenants:
             ends = ps.ends(t)
@@ -197,10 +236,10 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
             row: dict[str, Any] = {"target_pct": round(t.target, 2), "solo_rate": round(alone, 1),
                                    "rate": round(now, 1), "share_pct": round(100 * now / alone, 2) if alone else 0.0,
                                    "stall_ms": round(longest_gap_ms(ends, w0, c1, 1e9 / alone if alone else 0), 1),
-                                   "job": t.job}
+                                   "round_ms": max(round_held.get(g, 0.0) for g in t.gpus), "job": t.job}
             if t.job:
                 spin0, held0 = before[t.name]
-                spin1, (held1, _) = after[t.name]
+                spin1, held1 = after[t.name]
                 row["entitled_rate"] = round(alone * t.target / 100, 1)
                 row["rate_pct"] = round(100 * now / (alone * t.target / 100), 1) if alone else 0.0
                 row["spin_pct"] = round(100 * (spin1 - spin0) / 1e9 / (held1 - held0), 2) if held1 > held0 else 0.0
@@ -226,9 +265,12 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     first = rows[0]["tenants"]
     job = min((r for r in first.values() if r["job"]), key=lambda r: r["rate_pct"])
     tenant_err = max((abs(r["share_pct"] - r["target_pct"]) for r in first.values() if not r["job"]), default=0.0)
-    stall = max(r["stall_ms"] for row in rows for r in row["tenants"].values())
+    every = [r for row in rows for r in row["tenants"].values()]
+    worst = max(every, key=lambda r: r["stall_ms"] / r["round_ms"] if r["round_ms"] else float("inf"))
     return {"gang_rate_pct": job["rate_pct"], "spin_pct": job["spin_pct"], "tenant_err_pp": round(tenant_err, 2),
-            "max_stall_ms": stall, "round_ms": max(row["round_ms"] for row in rows)}
+            "max_stall_ms": max(r["stall_ms"] for r in every),
+            "stall_in_rounds": round(worst["stall_ms"] / worst["round_ms"], 2) if worst["round_ms"] else 0.0,
+            "round_ms": worst["round_ms"], "round_in_force_ms": max(row["round_ms"] for row in rows)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.seconds:g} s a scenario; the daemon at its defaults (policy 1), gangs off "
              "(--gang-window-ms 0) then on (the default window).", "",
              "| run | scenario | tenant | target % | measured % | rate /s | entitled /s | rate % of entitled | "
-             "spin % of held | longest stall ms |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "spin % of held | longest stall ms | round ms |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print(f"{'run':20} {'scenario':12} {'tenant':6} {'target%':>8} {'measured%':>10} {'rate/s':>7} "
-          f"{'entitled/s':>10} {'rate%':>6} {'spin%':>6} {'stall ms':>9}")
+          f"{'entitled/s':>10} {'rate%':>6} {'spin%':>6} {'stall ms':>9} {'round ms':>9}")
     summary: dict[str, dict[str, float]] = {}
     for run, rows in runs.items():
         for row in rows:
@@ -263,14 +305,15 @@ def main(argv: list[str] | None = None) -> int:
                 pct = f"{r['rate_pct']:.1f}" if r["job"] else "-"
                 spin = f"{r['spin_pct']:.2f}" if r["job"] else "-"
                 print(f"{run:20} {row['scenario']:12} {name:6} {r['target_pct']:8.2f} {r['share_pct']:10.2f} "
-                      f"{r['rate']:7.1f} {ent:>10} {pct:>6} {spin:>6} {r['stall_ms']:9.1f}")
+                      f"{r['rate']:7.1f} {ent:>10} {pct:>6} {spin:>6} {r['stall_ms']:9.1f} {r['round_ms']:9.1f}")
                 lines.append(f"| {run} | {row['scenario']} | {name} | {r['target_pct']:.2f} | {r['share_pct']:.2f} | "
-                             f"{r['rate']:.1f} | {ent} | {pct} | {spin} | {r['stall_ms']:.1f} |")
+                             f"{r['rate']:.1f} | {ent} | {pct} | {spin} | {r['stall_ms']:.1f} | {r['round_ms']:.1f} |")
         summary[run] = figures(rows)
     for run, f in summary.items():
         print(f"{run}: job at {f['gang_rate_pct']:.1f} % of its entitled rate, spin {f['spin_pct']:.2f} % of held, "
-              f"tenants within {f['tenant_err_pp']:.2f} pp, longest stall {f['max_stall_ms']:.1f} ms "
-              f"(round {f['round_ms']:.1f} ms)")
+              f"tenants within {f['tenant_err_pp']:.2f} pp, longest stall {f['max_stall_ms']:.1f} ms; the longest "
+              f"against its GPU's round as held, {f['stall_in_rounds']:.2f} of {f['round_ms']:.1f} ms (the round in "
+              f"force, useful time: {f['round_in_force_ms']:.1f} ms)")
     f = summary["after (gangs on)"]
     line = (f"gang_rate_pct={f['gang_rate_pct']:.1f} spin_pct={f['spin_pct']:.2f} "
             f"tenant_err_pp={f['tenant_err_pp']:.2f} max_stall_ms={f['max_stall_ms']:.1f}")
@@ -281,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"tenant_err_pp={b['tenant_err_pp']:.2f} max_stall_ms={b['max_stall_ms']:.1f}")
         results.update("gang", cmd.strip(), "\n".join(lines) + f"\n\n{before}\n\n{line}\n")
     print(line)
-    ok = f["gang_rate_pct"] >= 95 and f["spin_pct"] <= 2 and f["tenant_err_pp"] <= 2 \
-        and f["max_stall_ms"] <= f["round_ms"]
+    ok = f["gang_rate_pct"] >= 95 and f["spin_pct"] <= 2 and f["tenant_err_pp"] <= 2 and f["stall_in_rounds"] <= 1
     return 0 if ok else 1
 
 

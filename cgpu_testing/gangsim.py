@@ -37,6 +37,9 @@ class SimJob:
     highprio: bool = False
     workload: Workload = field(default_factory=busy)
     one_process: bool = False  # one client on every GPU (else one per GPU)
+    # per GPU of it (in ``gpus`` order), how long after a step its client reaches its gate again (its CPU's part):
+    # ranks that differ there reach a turn's deadline on either side of it now and then, as on a real host
+    lag_ns: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -233,7 +236,11 @@ class GangSimulation:
                 c = self.clients[(cid, gpu)]
                 if kind == "op":
                     self._done(c)
-                    self._apply(self._work(c))
+                    lag = c.job.lag_ns[c.job.gpus.index(c.gpu)] if c.job.lag_ns else 0
+                    if lag:
+                        self._push(t + lag, "wake", c.cid, c.gpu)
+                    else:
+                        self._apply(self._work(c))
                 elif kind == "wake":
                     self._apply(self._work(c))
                 elif kind == "idle" and not c.running and not c.job.workload.active(t):

@@ -37,6 +37,9 @@ VARIABLES = {
     "CGPU_DEVICE": "auto (default), cuda, or cpu (the CPU acts as the simulated GPU)",
     "CGPU_TORCH_HOOK": "how the CPU as simulated GPU gates PyTorch: dispatch (default), operator or module",
     "CGPU_NATIVE": "1 when libcgpu.so is preloaded and enforces CUDA itself (set by cgpu-run)",
+    "CGPU_COLLECTIVE_KERNELS": "kernels whose name contains one of these (comma-separated; default nccl) are "
+                               "collectives, counted so that a job's ranks end a gang turn at the same one; none: "
+                               "no counting",
 }
 DEFAULT_SOCKET = "/run/cgpu/arbiter.sock"
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{4,80}")
@@ -137,6 +140,7 @@ class ClientEnv:
     torch_hook: str = "dispatch"
     core_percent: int = 0  # a GPU-core percentage (weight is core_percent // 5); 0: none
     limit: int = 0  # CGPU_CORE_LIMIT: the most GPU time (%) it asks to be held to; 0: none stated
+    collectives: tuple[str, ...] = ("nccl",)  # CGPU_COLLECTIVE_KERNELS: parts of collective kernels' names
 
 
 def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
@@ -203,5 +207,18 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
     if "\0" in sock or len(sock) > 107:
         raise _bad("CGPU_SOCKET", sock, "a UNIX socket path of at most 107 bytes")
     limit = parse_int("CGPU_CORE_LIMIT", v, 5, 100) if (v := get("CGPU_CORE_LIMIT")) else 0
+    collectives = parse_collectives(v) if (v := get("CGPU_COLLECTIVE_KERNELS")) is not None else ("nccl",)
     return ClientEnv(disabled, sock, instance, tuple(gpus), weight, highprio, tuple(mem), mem_dev,
-                     loss, idle_ms, device, native, torch_hook, core, limit)
+                     loss, idle_ms, device, native, torch_hook, core, limit, collectives)
+
+
+def parse_collectives(value: str) -> tuple[str, ...]:
+    """CGPU_COLLECTIVE_KERNELS: ``none``, or 1-8 comma-separated parts of kernel names."""
+    v = value.strip()
+    if v == "none":
+        return ()
+    parts = tuple(p.strip() for p in v.split(","))
+    if len(v) >= 600 or len(parts) > 8 or not all(re.fullmatch(r"[A-Za-z0-9_]{1,63}", p) for p in parts):
+        raise _bad("CGPU_COLLECTIVE_KERNELS", value, "none, or 1-8 comma-separated parts of kernel names "
+                                                    "(A-Z a-z 0-9 _, up to 63 each)")
+    return parts

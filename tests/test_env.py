@@ -40,6 +40,7 @@ def test_cgpu_mem_limit_takes_sizes() -> None:
     ("CGPU_IDLE_MS", "fast"), ("CGPU_DEVICE", "tpu"), ("CGPU_MEM_LIMIT", "lots"),
     ("CGPU_CORE_PERCENT", "33"), ("CGPU_CORE_PERCENT", "0"), ("CGPU_CORE_PERCENT", "105"),
     ("CGPU_CORE_PERCENT", "30%"), ("CGPU_CORE_PERCENT", "2.5"), ("CGPU_TORCH_HOOK", "layers"),
+    ("CGPU_COLLECTIVE_KERNELS", "all-reduce"), ("CGPU_COLLECTIVE_KERNELS", "nccl,,x"),
 ])
 def test_malformed_values_name_the_variable_the_value_and_the_expectation(name: str, value: str) -> None:
     with pytest.raises(EnvError) as exc:

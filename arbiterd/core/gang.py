@@ -51,6 +51,7 @@ log = logging.getLogger("arbiterd.core")
 GANG_POLICIES = (1, 4)  # work-conserving virtual time: what a GPU cannot give a gang, its others may use
 DEFAULT_WINDOW_MS = 200
 CREDIT_TURNS = 2  # credit banked (and owed) is held within this many turns either way
+STRANDED_NS = 10 * NS_PER_MS  # a gang's lease held this far past its deadline is taken for a stranded collective
 
 
 class Member(Protocol):
@@ -313,10 +314,10 @@ class GangBook:
             gang.armed = False
         for gang in self.gangs.values():
             self.turn_ns(gang)
-        # a gang that holds one of its GPUs already (a kernel waiting for its peers) arms first, then the one owed
+        # a gang that holds one of its GPUs stranded (a kernel waiting for its peers) arms first, then the one owed
         # most, relative to one of its turns
         for gang in sorted(self.gangs.values(),
-                           key=lambda g: (not self._holds(g), -g.credit / max(1, g.turn_len), g.name)):
+                           key=lambda g: (not self._holds(g, now), -g.credit / max(1, g.turn_len), g.name)):
             if gang.kept:
                 for g, end in gang.kept.items():
                     if end <= now:  # the GPU kept for the turn is free: its own scheduler looks again
@@ -340,10 +341,18 @@ class GangBook:
             self._busy_end(g, now)
             self._kick.setdefault(g, now)
 
-    def _holds(self, gang: Gang) -> bool:
-        """Whether the gang holds the lease on one of its GPUs."""
-        return any((lease := self.members[g].rq.lease) is not None and lease.inst.name == gang.name
-                   for g in gang.gpus)
+    def _holds(self, gang: Gang, now: int) -> bool:
+        """Whether the gang holds the lease on one of its GPUs *stranded*: past its deadline by more than
+        ``STRANDED_NS``, not revoked (a kernel of it waits for a peer, which waits for a turn). A rank finishing its
+        last step just past the deadline is the turn's tail, not a strand: taken for one, it put its gang first
+        again at each turn's end, and of two gangs on one pair one had four turns in a row (264 ms for the other's
+        step)."""
+        for g in gang.gpus:
+            lease = self.members[g].rq.lease
+            if lease is not None and lease.inst.name == gang.name and lease.revoked_ns is None \
+                    and now > lease.deadline_ns + STRANDED_NS:
+                return True
+        return False
 
     def _blocked_by_gang(self, gang: Gang, now: int) -> bool:
         """Whether one of the armed ``gang``'s GPUs is held by another gang outside its turn (its kernel waits
@@ -351,7 +360,8 @@ class GangBook:
         for g in gang.gpus:
             lease = self.members[g].rq.lease
             other = self.gangs.get(lease.inst.name) if lease is not None else None
-            if other is not None and other is not gang and not self._in_turn(other, now) and self._waits(other):
+            if other is not None and other is not gang and not self._in_turn(other, now) and self._waits(other) \
+                    and self._holds(other, now):
                 return True
         return False
 
@@ -536,12 +546,22 @@ class GangBook:
         for gang in self._on.get(gpu, ()):
             times = list(gang.kept.values())
             if not gang.armed and gang.rate > 0 and not self._in_turn(gang, gang.t):
+                # it arms once credit + rate x (the turns under way on its GPUs) pays half a turn: that sum stays
+                # put until those turns end, then grows at its rate; a turn granted on a member GPU since the last
+                # sync may have made it enough now
                 missing = (gang.turn_len or self.turn_ns(gang)) // 2 - gang.credit
                 if missing > 0:
                     times.append(gang.t + int(missing / gang.rate) + 1)
+                if self._waits(gang) and not self._armed_on(gang.gpus) \
+                        and missing <= gang.rate * self._busy_for(gang, gang.t):
+                    times.append(gang.t)
             for g in gang.gpus:
                 if not self._has_demand(g, gang.name):
                     times.append(self._busy.get((g, gang.name), gang.t) + self.window_ns + 1)
+                lease = self.members[g].rq.lease
+                if lease is not None and lease.inst.name == gang.name and lease.revoked_ns is None \
+                        and lease.deadline_ns <= gang.t <= lease.deadline_ns + STRANDED_NS:
+                    times.append(lease.deadline_ns + STRANDED_NS + 1)  # taken for stranded then (_holds)
             for t in times:
                 at = t if at is None or t < at else at
         return at
@@ -564,7 +584,18 @@ class GangBook:
                 if gpu is not None:
                     self._spun(gpu, gang.name, late)
             gang.held_ns += bill.held
+            mine = next((g for g, held in gang.turn.items() if held is lease), None)
             gang.turn = {g: held for g, held in gang.turn.items() if held is not lease}
+            if mine is not None and lease.revoked_ns is None and bill.end < lease.deadline_ns:
+                if gang.turn:
+                    # its rank stepped off before the turn's end (its process between launches for a while) while
+                    # a peer still holds its GPU, maybe in a collective that waits for this rank: the GPU stays the
+                    # gang's until the turn's end, or the rank, back, would wait for a tenant's whole turn
+                    gang.kept[mine] = lease.deadline_ns
+                else:  # the turn's last lease ended early: nothing of it runs, a GPU kept for it is free
+                    for g in gang.kept:
+                        self._kick.setdefault(g, bill.end)
+                    gang.kept.clear()
             for g, m in self.members.items():
                 if m.rq.instances.get(lease.inst.name) is lease.inst:
                     self._busy[(g, lease.inst.name)] = bill.end

@@ -24,12 +24,13 @@
  *                                                  each a launch and a stream sync. Prints the end's rc, the first
  *                                                  failing replay's rc (0: none), and how many of the second
  *                                                  thread's launches waited 2 ms or more (a lease ended)
- *   collective                                     from here on, serve ends each batch with a cgpu_allreduce of MS
+ *   collective                                     from here on, serve ends each batch with the collective of MS
  *                                                  in place of its last kernel (a training step's all-reduce; the
  *                                                  fake driver's collective, fakecoll.c: fake driver only)
  *   sleep=MS  ready
- *   serve=MS,BATCH                                 on stdin commands: run (BATCH kernels of MS, a stream
- *                                                  sync, again), pause, dump PATH (batch end times, JSON), quit
+ *   serve=MS,BATCH[,LAG]                           on stdin commands: run (LAG ms of host work, BATCH kernels
+ *                                                  of MS, a stream sync, again), pause, dump PATH (batch end
+ *                                                  times, JSON), quit
  * Each action prints one line: its name and results. Its kernels are real PTX (cgpu_spin busy-waits on
  * %globaltimer), so the same binary runs on a GPU; the fake driver runs them as CPU spins. */
 #define _GNU_SOURCE
@@ -244,6 +245,7 @@ static struct {
     size_t n, cap;
     uint64_t ns;
     int batch;
+    useconds_t lag_us; /* the host's part of a step, before its launches */
     CUcontext ctx;
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
@@ -257,6 +259,8 @@ static void *serve_spin(void *arg) {
         if (S.state == 2)
             break;
         pthread_mutex_unlock(&S.mu);
+        if (S.lag_us)
+            usleep(S.lag_us);
         for (int k = 0; k < S.batch; k++)
             CHECK(launch_one(k == S.batch - 1 ? last_fn : spin_fn, &S.ns));
         CHECK(api.cuStreamSynchronize(stream));
@@ -507,13 +511,14 @@ int main(int argc, char **argv) {
             usleep((useconds_t)(atof(v) * 1000));
             printf("sleep\n");
         } else if (strcmp(a, "serve") == 0) {
-            double ms;
+            double ms, lag_ms = 0;
             int batch;
-            if (sscanf(v, "%lf,%d", &ms, &batch) != 2)
+            if (sscanf(v, "%lf,%d,%lf", &ms, &batch, &lag_ms) < 2)
                 return 2;
+            S.lag_us = (useconds_t)(lag_ms * 1000);
             serve(ms, batch, ctx);
         } else if (strcmp(a, "collective") == 0) {
-            CHECK(api.cuModuleGetFunction(&last_fn, mod, "cgpu_allreduce"));
+            CHECK(api.cuModuleGetFunction(&last_fn, mod, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"));
             printf("collective\n");
         } else if (strcmp(a, "ready") == 0) {
             printf("ready pid=%d\n", (int)getpid());

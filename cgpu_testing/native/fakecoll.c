@@ -1,4 +1,5 @@
-/* The fake driver's collective kernel, "cgpu_allreduce" (linked into the fake libcuda.so.1; tests only).
+/* The fake driver's collective kernel, "ncclDevKernel_AllReduce_Sum_f32_RING_LL" (linked into the fake
+ * libcuda.so.1; tests only).
  *
  * It models what a NCCL collective kernel does on each GPU of a job: it cannot finish until the same collective
  * has started on every peer GPU, and it spins on its own GPU meanwhile (NCCL User Guide, "Using multiple NCCL
@@ -11,13 +12,19 @@
  * makes) are the same to it: FAKECUDA_COLLECTIVE="ID:P,P,..." names the job (ID) and the physical devices of
  * its ranks. Each device counts the collectives it has run (step k); its k-th waits until every peer device has
  * started its k-th. Unset, the kernel is a plain spin (a job on one GPU). /dev/shm/fakecuda-coll-ID holds, per
- * physical device, four uint64 (native order): the last step started, the nanoseconds spent waiting for peers,
- * the collectives run, and the nanoseconds of own work: what a benchmark reads as the job's spin. A step whose
+ * physical device, five uint64 (native order): the last step started, the nanoseconds spent waiting for peers,
+ * the collectives run, the nanoseconds of own work, and the longest wait of one collective: what a benchmark reads
+ * as the job's spin. A step whose
  * peers never come (a peer process that exited) is given up after FAKECUDA_COLLECTIVE_TIMEOUT_MS (2000), as
- * PyTorch's NCCL watchdog aborts a collective that outlives its timeout, so that a program can still exit. */
+ * PyTorch's NCCL watchdog aborts a collective that outlives its timeout, so that a program can still exit.
+ *
+ * A GPU that spins takes nothing from its host's CPUs, but this one is a host thread: while it waits for its
+ * peers it yields the CPU to any thread that is ready (the peer rank's launching thread among them), and the time
+ * counts as spin all the same. Burning a core there slowed the very launch it waited for, on a small host. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,6 +43,7 @@ struct coll_slot {
     _Atomic uint64_t spin_ns; /* waiting for peers, summed */
     _Atomic uint64_t count;   /* collectives run */
     _Atomic uint64_t work_ns; /* own work, summed */
+    _Atomic uint64_t max_spin_ns; /* the longest one collective waited for its peers */
 };
 
 static struct {
@@ -105,11 +113,14 @@ void fakecoll_run(int phys, uint64_t ns) {
     atomic_store(&me->started, k);
     int64_t t0 = coll_now();
     for (int i = 0; i < C.npeers; i++) /* spin on this GPU until every peer has started step k */
-        while (atomic_load(&C.slots[C.peers[i]].started) < k && coll_now() - t0 < C.timeout_ns) {
-        }
+        while (atomic_load(&C.slots[C.peers[i]].started) < k && coll_now() - t0 < C.timeout_ns)
+            sched_yield();
     int64_t t1 = coll_now();
     coll_spin_until(t1 + (int64_t)ns);
     atomic_fetch_add(&me->spin_ns, (uint64_t)(t1 - t0));
+    for (uint64_t was = atomic_load(&me->max_spin_ns);
+         (uint64_t)(t1 - t0) > was && !atomic_compare_exchange_weak(&me->max_spin_ns, &was, (uint64_t)(t1 - t0));)
+        ;
     atomic_fetch_add(&me->work_ns, ns);
     atomic_fetch_add(&me->count, 1);
 }

@@ -3,7 +3,7 @@
 #define FAKECOLL_H
 #include <stdint.h>
 
-/* Run one "cgpu_allreduce" of ns on physical device phys: wait (spinning) for every peer's same step, then ns. */
+/* Run one collective (ncclDevKernel_AllReduce_Sum_f32_RING_LL) of ns on physical device phys: wait (spinning) for every peer's same step, then ns. */
 void fakecoll_run(int phys, uint64_t ns);
 
 #endif

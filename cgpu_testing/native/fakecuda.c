@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "cuda_min.h" /* libcgpu_client/native, on the -I path */
-#include "fakecoll.h" /* the collective kernel, cgpu_allreduce (fakecoll.c) */
+#include "fakecoll.h" /* the collective kernel (fakecoll.c) */
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 16
@@ -90,12 +90,16 @@ struct CUevent_st {
 
 struct CUfunc_st {
     int kind; /* 0 spin, 1 null, 2 allreduce (fakecoll.c) */
+    const char *name;
 };
 struct CUmod_st {
     int loaded;
 };
 
-static struct CUfunc_st fn_spin = {0}, fn_null = {1}, fn_allreduce = {2};
+/* The collective is named as NCCL (2.19 on) names its kernels, ncclDevKernel_<Func>_<RedOp>_<Type>_<Algo>_<Proto>,
+ * so that what finds NCCL's kernels by name finds it. */
+static struct CUfunc_st fn_spin = {0, "cgpu_spin"}, fn_null = {1, "cgpu_null"},
+                        fn_allreduce = {2, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"};
 
 static struct {
     atomic_int inited;
@@ -860,14 +864,26 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name
     CHECK_INIT();
     if (!pf || !m || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (strcmp(name, "cgpu_spin") == 0)
+    if (strcmp(name, fn_spin.name) == 0)
         *pf = &fn_spin;
-    else if (strcmp(name, "cgpu_null") == 0)
+    else if (strcmp(name, fn_null.name) == 0)
         *pf = &fn_null;
-    else if (strcmp(name, "cgpu_allreduce") == 0)
+    else if (strcmp(name, fn_allreduce.name) == 0)
         *pf = &fn_allreduce;
     else
         return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 12.3, cuFuncGetName: "Returns in **name the function name associated with the function handle hfunc";
+ * CUDA_ERROR_INVALID_VALUE if either is NULL (CUDA Driver API, Execution Control). */
+EXPORT CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+    CHECK_INIT();
+    if (!name || !hfunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hfunc != &fn_spin && hfunc != &fn_null && hfunc != &fn_allreduce)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = hfunc->name;
     return CUDA_SUCCESS;
 }
 
@@ -1742,7 +1758,7 @@ static const struct {
     P(cuCtxGetDevice), P(cuCtxSynchronize), P(cuStreamCreate), P(cuStreamSynchronize), P(cuStreamQuery),
     P(cuStreamEndCapture), P(cuStreamBeginCaptureToGraph), P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord), P(cuEventQuery),
     P(cuEventSynchronize), P(cuEventElapsedTime), P(cuModuleLoadData), P(cuModuleUnload),
-    P(cuModuleGetFunction), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
+    P(cuModuleGetFunction), P(cuFuncGetName), P(cuGraphInstantiateWithFlags), P(cuGraphExecDestroy), P(cuGraphDestroy),
     P(cuMemCreate), P(cuMemRelease), P(cuGetErrorName), P(cuGetErrorString), P(cuThreadExchangeStreamCaptureMode),
     /* memory pools, managed memory, arrays */
     PT(cuMemAllocFromPoolAsync), P(cuMemPoolCreate), P(cuMemPoolDestroy), P(cuMemPoolTrimTo), P(cuMemPoolSetAttribute),

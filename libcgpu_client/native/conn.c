@@ -29,7 +29,8 @@ static struct {
     int dgpu[CGPU_MAX_GPUS]; /* the daemon's GPU index of each visible position */
     int64_t limit[CGPU_MAX_GPUS];
     char uuid[CGPU_MAX_GPUS][96]; /* each visible position's GPU, as the daemon named it */
-    _Atomic int ever;             /* registered once: dgpu and uuid are known */
+    char instance[160];           /* the instance the daemon resolved at the first registration */
+    _Atomic int ever;             /* registered once: dgpu, uuid and instance are known */
     int64_t next_id;
     struct { int64_t id; int state; int ok; int64_t used, limit; } pending[MAX_PENDING];
     int64_t restore_id[CGPU_MAX_GPUS]; /* the re-reservation sent after a reconnect */
@@ -131,6 +132,8 @@ int64_t cgpu_conn_limit(int pos) { return C.limit[pos]; }
 const char *cgpu_conn_uuid(int pos) { return atomic_load(&C.ever) ? C.uuid[pos] : ""; }
 
 int cgpu_conn_gpu(int pos) { return atomic_load(&C.ever) ? C.dgpu[pos] : -1; }
+
+const char *cgpu_conn_instance(void) { return atomic_load(&C.ever) ? C.instance : ""; }
 
 int cgpu_conn_wait(int wait_ms) {
     struct timespec ts;
@@ -311,6 +314,9 @@ static int handshake(int fd) {
             snprintf(C.uuid[p], sizeof C.uuid[p], "%.*s", u && u->type == MP_STR ? (int)u->n : 0,
                      u && u->type == MP_STR ? u->v.s : "");
     }
+    const mp_node *inst = mp_get(m, "instance");
+    if (!atomic_load(&C.ever) && inst && inst->type == MP_STR)
+        snprintf(C.instance, sizeof C.instance, "%.*s", (int)inst->n, inst->v.s);
     const mp_node *warn = mp_get(m, "warnings");
     for (uint32_t i = 0; warn && warn->type == MP_ARRAY && i < warn->n; i++)
         if (warn->v.kids[i].type == MP_STR)

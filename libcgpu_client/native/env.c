@@ -139,6 +139,8 @@ int cgpu_parse_env(const char *(*get)(const char *), cgpu_env *e, char *err, int
     e->weight = 1;
     e->idle_ms = 3.0;
     snprintf(e->device, sizeof e->device, "auto");
+    e->ncoll = 1;
+    snprintf(e->coll[0], sizeof e->coll[0], "nccl");
 
     if ((v = lookup(get, "CGPU_DISABLE")) && parse_bool("CGPU_DISABLE", v, &e->disabled, err, errlen))
         return -1;
@@ -258,6 +260,32 @@ int cgpu_parse_env(const char *(*get)(const char *), cgpu_env *e, char *err, int
     }
     if ((v = lookup(get, "CGPU_NATIVE")) && parse_bool("CGPU_NATIVE", v, &e->native, err, errlen))
         return -1;
+    if ((v = lookup(get, "CGPU_COLLECTIVE_KERNELS"))) {
+        static const char *expected = "none, or 1-8 comma-separated parts of kernel names (A-Z a-z 0-9 _, up to 63 "
+                                      "each)";
+        char b[600];
+        if (strlen(v) >= sizeof b)
+            return bad(err, errlen, "CGPU_COLLECTIVE_KERNELS", v, "%s", expected);
+        trim(v, b, sizeof b);
+        e->ncoll = 0;
+        if (strcmp(b, "none") != 0) {
+            for (char *part = b, *next; part; part = next) {
+                next = strchr(part, ',');
+                if (next)
+                    *next++ = 0;
+                char t[sizeof b];
+                if (e->ncoll == 8)
+                    return bad(err, errlen, "CGPU_COLLECTIVE_KERNELS", v, "%s", expected);
+                trim(part, t, sizeof t);
+                if (!t[0] || strlen(t) > 63)
+                    return bad(err, errlen, "CGPU_COLLECTIVE_KERNELS", v, "%s", expected);
+                for (const char *c = t; *c; c++)
+                    if (!isalnum((unsigned char)*c) && *c != '_')
+                        return bad(err, errlen, "CGPU_COLLECTIVE_KERNELS", v, "%s", expected);
+                snprintf(e->coll[e->ncoll++], sizeof e->coll[0], "%.63s", t);
+            }
+        }
+    }
     if ((v = lookup(get, "CGPU_SOCKET"))) {
         if (strlen(v) > 107)
             return bad(err, errlen, "CGPU_SOCKET", v, "a UNIX socket path of at most 107 bytes");

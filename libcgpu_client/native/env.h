@@ -25,6 +25,8 @@ typedef struct {
     double idle_ms;
     char device[8];
     int native;
+    int ncoll;           /* CGPU_COLLECTIVE_KERNELS: how many name parts; 0: none */
+    char coll[8][64];    /* a kernel whose name contains one of these is a collective */
 } cgpu_env;
 
 /* Fill *out from getenv-like lookup `get`. Returns 0, or -1 with a one-line message in err. */

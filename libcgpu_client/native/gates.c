@@ -43,6 +43,7 @@ static void give_back(cgpu_gate *g, int again) {
     atomic_store(&g->deadline, 0);
     if (!lease)
         return;
+    cgpu_board_turn(g->pos, 0);
     int64_t used = cgpu_now() - g->granted_at;
     int64_t wake = g->first_use ? g->first_use - g->granted_at : 0; /* what the hand-over cost this client */
     g->waiting = again;
@@ -58,7 +59,7 @@ static void end_lease(cgpu_gate *g, int again) {
     give_back(g, again);
 }
 
-int cgpu_gate_slow(cgpu_gate *g) {
+int cgpu_gate_slow(cgpu_gate *g, int coll) {
     cgpu_start();
     pthread_mutex_lock(&g->mu);
     for (;;) {
@@ -70,6 +71,8 @@ int cgpu_gate_slow(cgpu_gate *g) {
         }
         int connected = cgpu_conn_connected();
         if (cgpu_conn_refused()) {
+            if (coll)
+                cgpu_board_unlaunch(g->pos);
             pthread_mutex_unlock(&g->mu);
             return -1;
         }
@@ -78,6 +81,14 @@ int cgpu_gate_slow(cgpu_gate *g) {
             return 0;
         }
         if (connected) {
+            if (g->lease && cgpu_board_may_finish(g->pos, coll)) {
+                /* past the turn's end, but a peer of its gang waits in a collective this rank has yet to
+                 * launch (board.c): it goes on until it has, billed as the turn's overrun */
+                atomic_fetch_add(&g->inflight, 1);
+                atomic_store_explicit(&g->last_use, cgpu_now(), memory_order_relaxed);
+                pthread_mutex_unlock(&g->mu);
+                return 1;
+            }
             if (g->lease) { /* expired or revoked: end the slice, keep our place in the round */
                 end_lease(g, 1);
             } else if (!g->waiting) {
@@ -85,11 +96,15 @@ int cgpu_gate_slow(cgpu_gate *g) {
                 cgpu_send_acquire(g->pos);
             }
         }
+        if (coll) /* not launched in this turn: counted again when it is */
+            cgpu_board_unlaunch(g->pos);
         struct timespec ts;
         cgpu_deadline_in(&ts, 200 * 1000000LL);
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         if (!g->ctx || g->lease == 0)
             g->ctx = dev.current();
+        if (coll)
+            cgpu_board_launch(g->pos);
     }
 }
 
@@ -98,9 +113,11 @@ int cgpu_gate_slow(cgpu_gate *g) {
 static void on_grant(int pos, uint64_t lease, int64_t deadline) {
     cgpu_gate *g = &cgpu_gates[pos];
     pthread_mutex_lock(&g->mu);
-    if (lease == g->lease) { /* the daemon moved our deadline (an extended lease cut back) */
-        if (!g->revoked)
+    if (lease == g->lease) { /* the daemon moved our deadline (an extended lease cut back, a gang's next turn) */
+        if (!g->revoked) {
             atomic_store(&g->deadline, deadline);
+            cgpu_board_turn(pos, deadline);
+        }
     } else {
         g->lease = lease;
         g->revoked = 0;
@@ -109,6 +126,7 @@ static void on_grant(int pos, uint64_t lease, int64_t deadline) {
         g->first_use = 0;
         g->ctx = NULL;
         atomic_store(&g->last_use, g->granted_at);
+        cgpu_board_turn(pos, deadline);
         atomic_store(&g->deadline, deadline);
     }
     pthread_cond_broadcast(&g->cv);
@@ -133,6 +151,7 @@ static void each_gate_broadcast(int reset) {
         pthread_mutex_lock(&g->mu);
         if (reset) {
             atomic_store(&g->deadline, 0);
+            cgpu_board_turn(p, 0);
             g->lease = 0;
             g->waiting = 0;
             g->revoked = 0;
@@ -269,6 +288,7 @@ void cgpu_gates_init(const cgpu_device_ops *ops) {
 /* A forked child has none of the parent's threads: it starts afresh at its first gated call. */
 void cgpu_gates_after_fork(void) {
     cgpu_captures_after_fork();
+    cgpu_board_after_fork();
     cgpu_conn_after_fork();
     atomic_store(&started, 0);
     pthread_mutex_init(&idle_mu, NULL);

@@ -89,7 +89,9 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuDeviceGetMemPool, "", 0, 0, 0, LIB_CUDA)                                \
     X(cuMemPoolGetAttribute, "", 0, 0, 0, LIB_CUDA)                             \
     X(nvmlInit_v2, "", 0, 0, 0, LIB_NVML)                                       \
-    X(nvmlDeviceGetHandleByIndex_v2, "", 0, 0, 0, LIB_NVML)
+    X(nvmlDeviceGetHandleByIndex_v2, "", 0, 0, 0, LIB_NVML)                     \
+    X(cuFuncGetName, "", 0, 0, 0, LIB_CUDA)                                     \
+    X(cuKernelGetName, "", 0, 0, 0, LIB_CUDA)
 
 #define AS_ENUM(name, base, lo, hi, ptsz, lib) H_##name,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -199,6 +201,8 @@ CUresult cuDeviceGetMemPool(CUmemoryPool *, CUdevice);
 CUresult cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void *);
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
+CUresult cuFuncGetName(const char **, CUfunction);
+CUresult cuKernelGetName(const char **, CUkernel);
 
 /* The real entry point idx (an H_ value); NULL when the driver lacks it. */
 CGPU_HIDDEN void *cgpu_real(int idx);

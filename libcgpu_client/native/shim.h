@@ -4,6 +4,7 @@
  *   launch.c, memory.c   the CUDA and NVML entry points the shim interposes
  *   resolve.c  the real driver: symbol lookup, dlsym and cuGetProcAddress, context helpers
  *   gates.c    the slice gates (slow path, idle thread) and the memory ledger calls
+ *   board.c    where a job's ranks agree on the collective at which a gang turn stops
  *   conn.c     the daemon connection: one socket, a reader thread, requests and replies
  *   log.c, env.c, mp.c   the process's settings and log, env parsing, the msgpack codec
  *
@@ -44,6 +45,16 @@ CGPU_HIDDEN int cgpu_captures_hold(void);
 CGPU_HIDDEN void cgpu_captures_release(void);
 CGPU_HIDDEN void cgpu_captures_after_fork(void);
 
+/* ---------------------------------------------------------------- board.c */
+/* Where a gang turn stops: each process's collectives per GPU, beside the turn (deadline) it holds. */
+CGPU_HIDDEN void cgpu_board_turn(int pos, int64_t key); /* the turn held on GPU pos (its deadline); 0: none */
+CGPU_HIDDEN void cgpu_board_launch(int pos);   /* a collective is about to be launched (before its gate) */
+CGPU_HIDDEN void cgpu_board_unlaunch(int pos); /* ... and was not */
+/* Past the turn's end with its lease held: 1 while this process has launched fewer collectives on GPU pos than
+ * the turn's stop (a collective: no more than it), so the launch goes on. */
+CGPU_HIDDEN int cgpu_board_may_finish(int pos, int coll);
+CGPU_HIDDEN void cgpu_board_after_fork(void);
+
 /* ----------------------------------------------------------------- conn.c */
 /* What the connection tells the layer above; pos is the visible GPU position. */
 typedef struct {
@@ -66,6 +77,7 @@ CGPU_HIDDEN int64_t cgpu_conn_limit(int pos); /* the limit learned at registrati
 /* The UUID of GPU pos as the daemon named it at registration ("GPU-..."); "" before one. */
 CGPU_HIDDEN const char *cgpu_conn_uuid(int pos);
 CGPU_HIDDEN int cgpu_conn_gpu(int pos); /* the daemon's index of GPU pos; -1 before a registration */
+CGPU_HIDDEN const char *cgpu_conn_instance(void); /* the instance the daemon resolved; "" before a registration */
 CGPU_HIDDEN void cgpu_send_acquire(int pos);
 /* used: grant received to release sent; warmup: grant received to the first launch (0: leave it off) */
 CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int again);
@@ -120,8 +132,9 @@ static inline int cgpu_gate_enter(cgpu_gate *g) {
 static inline void cgpu_gate_leave(cgpu_gate *g) { atomic_fetch_sub(&g->inflight, 1); }
 
 /* Slow path: waits for a lease. 1: inflight counted; 0: run unchecked (daemon gone, on_loss=run);
- * -1: fail the call with CGPU_REFUSED_ERROR (the daemon refused this process). */
-CGPU_HIDDEN int cgpu_gate_slow(cgpu_gate *g);
+ * -1: fail the call with CGPU_REFUSED_ERROR (the daemon refused this process). coll: the launch is a
+ * collective, counted on the board (cgpu_board_launch) before the fast path. */
+CGPU_HIDDEN int cgpu_gate_slow(cgpu_gate *g, int coll);
 
 /* Memory against the instance's ledger. reserve: 1 granted, 0 denied, -1 unchecked (no daemon),
  * -2 refused (fail with CGPU_REFUSED_ERROR). */

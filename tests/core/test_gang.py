@@ -12,7 +12,7 @@ from arbiterd.core.gang import GangBook
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
 from cgpu_testing.gangsim import GangResult, SimJob, simulate_gangs
-from cgpu_testing.sim import bursty
+from cgpu_testing.sim import bursty, busy
 
 TOL_PP = 0.5
 
@@ -59,6 +59,22 @@ def test_two_gangs_on_the_same_pair_never_wait_longer_than_a_round() -> None:
     for name in ("J1", "J2"):
         assert r.jobs[name].spin_ns == 0
         assert r.jobs[name].max_stall_ns <= 4 * 10 * NS_PER_MS
+
+
+@pytest.mark.parametrize("lag_ms", [0.3, 1.0])
+def test_two_gangs_whose_ranks_lag_take_turns_in_turn(lag_ms: float) -> None:
+    """J1 and J2 alone on GPUs 0 and 1, each with its rank on GPU 1 reaching its gate ``lag_ms`` after a step (its
+    host's part), so at each turn's end one rank finishes its step past the deadline while the other already waits.
+    That tail is not a strand: the gangs still alternate, neither waits longer than the other's turn (20 ms) and a
+    step more, and they share the pair equally (each does what its lag leaves of 50 %: op / (op + lag)). The tail was
+    taken for a stranded collective, put first: one gang had up to four turns in a row (stalls of 83 ms)."""
+    lag = int(lag_ms * NS_PER_MS)
+    jobs = [SimJob(n, (0, 1), workload=busy(2.0), lag_ns=(0, lag)) for n in ("J1", "J2")]
+    r = simulate_gangs(2, jobs, seconds=10, policy=1, slice_ms=20)
+    for name in ("J1", "J2"):
+        assert r.jobs[name].share[0] * 100 == pytest.approx(50 * 2.0 / (2.0 + lag_ms), abs=1.5)
+        assert r.jobs[name].max_stall_ns <= 20 * NS_PER_MS + 2 * (2 * NS_PER_MS + lag)
+    assert abs(r.jobs["J1"].share[0] - r.jobs["J2"].share[0]) * 100 < TOL_PP
 
 
 def test_two_gangs_alone_share_the_pair_without_idle() -> None:

@@ -333,3 +333,58 @@ def test_an_armed_gang_whose_processes_die_keeps_no_gpu_from_its_tenants() -> No
     assert d.share("A", 0, t0) == pytest.approx(100, abs=TOL_PP)
     assert d.share("B", 1, t0) == pytest.approx(100, abs=TOL_PP)
     assert d.free_waiting == {0: 0, 1: 0}
+
+
+def test_a_turn_granted_on_a_member_gpu_since_the_last_sync_arms_the_gang_at_once() -> None:
+    """J (a gang on GPUs 0 and 1) waits on both while A and B hold them for 10 ms more; its credit, with what it
+    earns at its share (1/2) by the time those turns end, pays half a turn (5 ms): the arming rule's. Those turns
+    were granted after the book's last look, so only a sync arms J: the book's wakeup is now, and the tick arms it
+    (the wakeup counted the credit alone, 8 ms later: B and A took whole turns first, and in
+    test_gang_idle_counts_every_aligned_wait an order of events moved J's turns by 20 ms a round)."""
+    book = GangBook()
+    scheds = {g: GpuScheduler(g, GpuSettings(policy=4, slice_ms=10), 0) for g in range(2)}
+    for s in scheds.values():
+        book.attach(s)
+        s.add_instance("J", 1, False, 0)
+    scheds[0].add_instance("A", 1, False, 0)
+    scheds[1].add_instance("B", 1, False, 0)
+    scheds[0].acquire("J", 1, 0)
+    scheds[1].acquire("J", 2, 0)
+    scheds[0].acquire("A", 3, 0)
+    scheds[1].acquire("B", 4, 0)
+    now = 10 * MS
+    for s, cid in ((scheds[0], 1), (scheds[1], 2)):  # J's first turn (alone) ends; A and B hold until 20 ms
+        lease = s.rq.lease
+        assert lease is not None
+        s.release(cid, lease.id, now, again=True)
+    assert [s.rq.lease.inst.name for s in scheds.values() if s.rq.lease] == ["A", "B"]
+    gang = book.gangs["J"]
+    assert gang.rate == 0.5 and not gang.armed
+    gang.credit, gang.t = 1.0 * MS, now
+    at = book.wakeup(0)
+    assert at is not None and at <= now
+    book.sync(now)
+    assert gang.armed
+
+
+def test_a_rank_that_steps_off_within_its_turn_finds_its_gpu_kept() -> None:
+    """J (a gang on GPUs 0 and 1) beside A on GPU 0 and B on GPU 1: 50 % each everywhere. J's rank on GPU 1 has no
+    work 1 ms in every 7 (its process on the host) and gives its lease back, while its peer holds GPU 0. The GPU
+    stays J's until the turn's end, so the rank comes back to it: J does 6/7 of its 50 % there and B has its 50 %
+    (GPU 1 went to B for a whole turn each time: J made 15 % there, B 85 %, and J's collectives would wait)."""
+    d = GangDriver({0: 4, 1: 4})
+    for g in (0, 1):
+        d.add("J", g)
+    d.add("A", 0)
+    d.add("B", 1)
+    d.client("J", 0, 1)
+    d.client("J", 1, 2, active=lambda t: (t // MS) % 7 != 3)
+    d.client("A", 0, 3)
+    d.client("B", 1, 4)
+    d.run(500 * MS)
+    t0 = d.reset()
+    d.run(4500 * MS)
+    pct = {k: 100 * v / (d.now - t0) for k, v in d.useful.items()}
+    assert pct[("J", 0)] == pytest.approx(50, abs=TOL_PP) and pct[("A", 0)] == pytest.approx(50, abs=TOL_PP)
+    assert pct[("J", 1)] == pytest.approx(50 * 6 / 7, abs=TOL_PP)
+    assert pct[("B", 1)] == pytest.approx(50, abs=TOL_PP)

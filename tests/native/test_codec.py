@@ -125,6 +125,10 @@ ENV_CASES: list[dict[str, str]] = [
     {"CGPU_IDLE_MS": "0.5"}, {"CGPU_IDLE_MS": "0.01"}, {"CGPU_IDLE_MS": "soon"},
     {"CGPU_DEVICE": "CPU"}, {"CGPU_DEVICE": "tpu"}, {"CGPU_NATIVE": "1"}, {"CGPU_NATIVE": "sure"},
     {"CGPU_SOCKET": "/tmp/x.sock"}, {"CGPU_SOCKET": "/" + "s" * 120},
+    {"CGPU_COLLECTIVE_KERNELS": "none"}, {"CGPU_COLLECTIVE_KERNELS": " nccl , cross_device_reduce "},
+    {"CGPU_COLLECTIVE_KERNELS": "a,b,c,d,e,f,g,h"}, {"CGPU_COLLECTIVE_KERNELS": "a,b,c,d,e,f,g,h,i"},
+    {"CGPU_COLLECTIVE_KERNELS": "nccl,"}, {"CGPU_COLLECTIVE_KERNELS": "all-reduce"},
+    {"CGPU_COLLECTIVE_KERNELS": "x" * 63}, {"CGPU_COLLECTIVE_KERNELS": "x" * 64},
 ]
 
 
@@ -137,7 +141,8 @@ def describe(env: dict[str, str]) -> str:
     mem = ",".join(str(m) for m in e.memsize)
     return (f"disabled={int(e.disabled)} socket={e.socket} instance={e.instance or ''} weight={e.weight} "
             f"core={e.core_percent} highprio={int(e.highprio)} on_loss={e.on_daemon_loss} idle_ms={e.idle_ms:g} "
-            f"device={e.device} native={int(e.native)} gpus={gpus} memsize={mem}")
+            f"device={e.device} native={int(e.native)} gpus={gpus} memsize={mem} "
+            f"collectives={','.join(e.collectives)}")
 
 
 @pytest.mark.parametrize("env", ENV_CASES, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "empty")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.native.conftest import Native
 
-SLOT = struct.Struct("4Q")  # started, spin_ns, count, work_ns per physical device
+SLOT = struct.Struct("5Q")  # started, spin_ns, count, work_ns, max_spin_ns per physical device
 
 
 def _rank(n: Native, gpu: int, tag: str) -> subprocess.Popen[str]:
@@ -60,8 +60,9 @@ def test_a_collective_waits_for_its_peer_and_spins_meanwhile(native: Native, nat
         steps = [_steps(p, tmp_path / f"r{g}.json") for g, p in enumerate(ranks)]
         assert min(steps) >= 10 and abs(steps[0] - steps[1]) <= 1  # in lockstep once both run
         raw = Path(f"/dev/shm/fakecuda-coll-{tag}").read_bytes()
-        started0, spin0, count0, work0 = SLOT.unpack_from(raw, 0)
+        started0, spin0, count0, work0, longest0 = SLOT.unpack_from(raw, 0)
         assert spin0 >= 0.35e9  # rank 0 spun on its GPU while it waited alone
+        assert 0.35e9 <= longest0 <= spin0  # in one collective, its first
         assert started0 - 1 <= count0 <= started0 and work0 == count0 * 500_000  # one step may wait at the pause
     finally:
         for p in ranks:

@@ -51,6 +51,9 @@ static int env(void) {
     printf(" memsize=");
     for (int k = 0; k < e.nmem; k++)
         printf(k ? ",%lld" : "%lld", (long long)e.memsize[k]);
+    printf(" collectives=");
+    for (int k = 0; k < e.ncoll; k++)
+        printf(k ? ",%s" : "%s", e.coll[k]);
     printf("\n");
     return 0;
 }

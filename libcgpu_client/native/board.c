@@ -1,0 +1,246 @@
+/* libcgpu.so's board: where a job's ranks agree on the collective at which a gang turn stops (behaviour §11,
+ * jobs that span GPUs).
+ *
+ * A gang's turn ends at one deadline on all its GPUs, but each rank sees it at its own next launch. One rank may
+ * launch a collective just before the deadline while a peer reaches its gate just after: the first collective
+ * then waits for the peer's, spinning and holding its GPU, until the gang's next turn, a round later. So every
+ * process of the instance counts, per GPU, the collective kernels it has launched (launch.c says which are), on a
+ * board in shared memory beside the deadline of the turn it holds. The first rank to take its slow path past a
+ * turn's deadline (or its revoke) fixes the turn's *stop*: the most collectives any rank of that turn (a slot
+ * holding the same deadline) has launched. Past the deadline a rank still launches while it has launched fewer
+ * (it catches up with the collective its peers wait in), and a collective up to the stop, for 100 ms at most;
+ * then it stops. A
+ * collective is counted before its rank reads its deadline, so a rank that launched one in time is always seen
+ * by the rank that fixes the stop, which read the clock later.
+ *
+ * The board is /dev/shm/cgpu-board-UID-INSTANCE (mode 0600, the instance the daemon resolved at registration):
+ * one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel: every rank
+ * takes part in each). A slot belongs to a process and a GPU position; a dead process's slot is taken over. Where
+ * the board cannot be opened, or the driver names no kernel, there is no agreement: a stranded collective waits
+ * for the next turn, as without the board. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define BOARD_MAGIC 0x63677062u /* "cgpb" */
+#define BOARD_SLOTS 256
+/* The longest a rank goes on past its turn's deadline to catch up: a step's part of a turn, well inside
+ * overrun_ms (500 ms by default), where arbiterd cuts a holder off. Ranks whose collectives do not correspond one
+ * to one would otherwise run on to it. */
+#define CATCH_UP_NS (100 * 1000000LL)
+
+struct board_slot {
+    _Atomic int32_t pid; /* 0: free */
+    int32_t pos;
+    _Atomic int64_t key;      /* the deadline of the turn its lease is (0: none held) */
+    _Atomic uint64_t colls;   /* collectives launched on the GPU */
+};
+
+struct board {
+    _Atomic uint32_t magic; /* set once the mutex is ready */
+    uint32_t slots;
+    pthread_mutex_t mu; /* robust, process-shared: guards key and stop */
+    int64_t key;        /* the turn whose stop is fixed */
+    uint64_t stop;
+    struct board_slot slot[BOARD_SLOTS];
+};
+
+static struct {
+    pthread_mutex_t mu; /* opening the board and taking slots */
+    struct board *b;
+    int tried;
+    struct board_slot *_Atomic mine[CGPU_MAX_GPUS];
+    _Atomic int64_t key[CGPU_MAX_GPUS]; /* the deadline of each gate's turn, kept before a slot exists */
+} B = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void board_path(char *out, size_t n) {
+    const char *inst = cgpu_conn_instance();
+    char safe[160];
+    size_t k = 0;
+    for (; inst[k] && k < sizeof safe - 1; k++) {
+        char c = inst[k];
+        safe[k] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                          c == '_' || c == '.' ? c : '_';
+    }
+    safe[k] = 0;
+    snprintf(out, n, "/cgpu-board-%u-%s", (unsigned)geteuid(), safe);
+}
+
+static struct board *map_board(int fd) {
+    void *m = mmap(NULL, sizeof(struct board), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+/* Under B.mu: the board, created by the first process of the instance; NULL where it cannot be. */
+static struct board *open_board(void) {
+    if (B.b || B.tried)
+        return B.b;
+    if (!cgpu_conn_instance()[0])
+        return NULL; /* not registered yet: tried again later */
+    B.tried = 1;
+    char path[200];
+    board_path(path, sizeof path);
+    int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        struct board *b = NULL;
+        if (ftruncate(fd, sizeof(struct board)) == 0 && (b = map_board(fd))) {
+            pthread_mutexattr_t a;
+            pthread_mutexattr_init(&a);
+            pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+            pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+            pthread_mutex_init(&b->mu, &a);
+            pthread_mutexattr_destroy(&a);
+            b->slots = BOARD_SLOTS;
+            atomic_store(&b->magic, BOARD_MAGIC);
+        }
+        close(fd);
+        B.b = b;
+    } else if (errno == EEXIST && (fd = shm_open(path, O_RDWR | O_CLOEXEC, 0600)) >= 0) {
+        struct stat st;
+        struct board *b = NULL;
+        for (int i = 0; i < 1000 && fstat(fd, &st) == 0 && st.st_uid == geteuid(); i++) {
+            if (st.st_size >= (off_t)sizeof(struct board)) {
+                b = map_board(fd);
+                break;
+            }
+            usleep(1000); /* its creator is sizing it */
+        }
+        close(fd);
+        for (int i = 0; b && atomic_load(&b->magic) != BOARD_MAGIC && i < 1000; i++)
+            usleep(1000); /* its creator is initialising it */
+        if (b && (atomic_load(&b->magic) != BOARD_MAGIC || b->slots != BOARD_SLOTS)) {
+            munmap(b, sizeof(struct board));
+            b = NULL;
+        }
+        B.b = b;
+    }
+    if (!B.b)
+        cgpu_log("no board for the instance's collectives (%s): a gang turn's end is not agreed", path);
+    return B.b;
+}
+
+static void lock(struct board *b) {
+    if (pthread_mutex_lock(&b->mu) == EOWNERDEAD)
+        pthread_mutex_consistent(&b->mu); /* a process died holding it: key and stop are written whole last */
+}
+
+static int alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
+
+/* Under B.mu: this process's slot for GPU pos, taken on first use. */
+static struct board_slot *slot_of(int pos) {
+    if (atomic_load(&B.mine[pos]))
+        return atomic_load(&B.mine[pos]);
+    struct board *b = open_board();
+    if (!b)
+        return NULL;
+    int32_t me = (int32_t)getpid();
+    struct board_slot *got = NULL;
+    lock(b);
+    for (int i = 0; i < BOARD_SLOTS && !got; i++) {
+        struct board_slot *s = &b->slot[i];
+        int32_t owner = atomic_load(&s->pid);
+        if (owner == 0 || !alive(owner)) {
+            atomic_store(&s->key, 0);
+            atomic_store(&s->colls, 0);
+            s->pos = pos;
+            atomic_store(&s->key, atomic_load(&B.key[pos]));
+            atomic_store(&s->pid, me);
+            got = s;
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (got) {
+        atomic_store(&B.mine[pos], got);
+        atomic_store(&got->key, atomic_load(&B.key[pos])); /* a grant that came meanwhile saw no slot yet */
+    }
+    return got;
+}
+
+void cgpu_board_turn(int pos, int64_t key) {
+    atomic_store(&B.key[pos], key);
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    if (s)
+        atomic_store(&s->key, key);
+}
+
+void cgpu_board_launch(int pos) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    if (!s) {
+        pthread_mutex_lock(&B.mu);
+        s = slot_of(pos);
+        pthread_mutex_unlock(&B.mu);
+        if (!s)
+            return;
+    }
+    atomic_fetch_add(&s->colls, 1);
+}
+
+void cgpu_board_unlaunch(int pos) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    if (s)
+        atomic_fetch_sub(&s->colls, 1);
+}
+
+int cgpu_board_may_finish(int pos, int coll) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    int64_t key = atomic_load(&B.key[pos]);
+    if (!s || !key || cgpu_now() > key + CATCH_UP_NS)
+        return 0; /* no collective of this process on this GPU, no turn held, or caught up long enough */
+    struct board *b = B.b;
+    lock(b);
+    if (b->key != key) {
+        uint64_t stop = 0;
+        for (int i = 0; i < BOARD_SLOTS; i++) {
+            struct board_slot *o = &b->slot[i];
+            uint64_t n = atomic_load(&o->colls);
+            if (atomic_load(&o->key) == key && n > stop && alive(atomic_load(&o->pid)))
+                stop = n;
+        }
+        b->stop = stop;
+        b->key = key;
+    }
+    uint64_t stop = b->stop;
+    pthread_mutex_unlock(&b->mu);
+    uint64_t mine = atomic_load(&s->colls);
+    return coll ? mine <= stop : mine < stop;
+}
+
+void cgpu_board_after_fork(void) {
+    pthread_mutex_init(&B.mu, NULL);
+    for (int p = 0; p < CGPU_MAX_GPUS; p++) {
+        atomic_store(&B.mine[p], NULL); /* the parent's slots stay the parent's */
+        atomic_store(&B.key[p], 0);
+    }
+}
+
+/* At exit: this process's slots are free, and the last process of the instance removes the board (one killed
+ * leaves its slots to be taken over, and the board to the next). */
+__attribute__((destructor)) static void board_exit(void) {
+    struct board *b = B.b;
+    if (!b)
+        return;
+    int32_t me = (int32_t)getpid();
+    int others = 0;
+    lock(b);
+    for (int i = 0; i < BOARD_SLOTS; i++) {
+        int32_t owner = atomic_load(&b->slot[i].pid);
+        if (owner == me)
+            atomic_store(&b->slot[i].pid, 0);
+        else if (owner && alive(owner))
+            others = 1;
+    }
+    if (!others) {
+        char path[200];
+        board_path(path, sizeof path);
+        shm_unlink(path);
+    }
+    pthread_mutex_unlock(&b->mu);
+}

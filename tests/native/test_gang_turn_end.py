@@ -1,0 +1,132 @@
+"""A gang turn ends at the same collective on every rank (behaviour §11, "Where a turn stops"; libcgpu.so's board.c).
+
+Job J has a process on each of two fake GPUs (as torchrun starts them) and ends every step with the fake driver's
+collective, named as NCCL names its kernels; its rank on GPU 1 spends 1 ms on the host before each step, so at a
+turn's deadline one rank has often launched a step's collective and the other has not. A on GPU 0 and B on GPU 1
+share the GPUs with it, at the daemon's defaults (gangs on) but for 40 ms slices (a round of 80 ms on each GPU).
+Without agreement the collective launched in time spins, holding its GPU, until the gang's next turn (most of a
+round); with the board the late rank launches up to that collective and both stop there. Each collective's longest
+wait is read from the fake driver's record."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from cgpu_testing.daemon import DaemonProc
+from tests.native.conftest import Native
+
+SLOT = struct.Struct("5Q")  # fakecoll.c: started, spin_ns, count, work_ns, max_spin_ns per physical device
+STRAND_MS = 25  # a strand waits for the gang's next turn: A's or B's turn, 40 ms
+
+
+class Job:
+    def __init__(self, n: Native, d: DaemonProc, tag: str, counting: str) -> None:
+        self.tag = tag
+        self.procs: list[subprocess.Popen[str]] = []
+        coll = {"FAKECUDA_COLLECTIVE": f"{tag}:0,1", "CGPU_COLLECTIVE_KERNELS": counting}
+        self._start(n, d, f"J{tag}", 0, ["collective", "serve=0.5,4"], coll)
+        self._start(n, d, f"J{tag}", 1, ["collective", "serve=0.5,4,1"], coll)
+        self._start(n, d, f"A{tag}", 0, ["serve=0.5,4"], {})
+        self._start(n, d, f"B{tag}", 1, ["serve=0.5,4"], {})
+        for p in self.procs:
+            line = self._line(p)
+            while line.startswith("collective"):
+                line = self._line(p)
+            assert line.startswith("ready"), line
+
+    def _start(self, n: Native, d: DaemonProc, inst: str, gpu: int, args: list[str], extra: dict[str, str]) -> None:
+        env = n.env(d, CGPU_INSTANCE=inst, FAKECUDA_DEVICES="2", CUDA_VISIBLE_DEVICES=str(gpu),
+                    ALIYUN_COM_GPU_VISIBLE_DEVICES=str(gpu), **extra)
+        self.procs.append(subprocess.Popen([str(n.job_direct), *args], env=env, stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    @staticmethod
+    def _line(p: subprocess.Popen[str]) -> str:
+        assert p.stdout is not None
+        return p.stdout.readline()
+
+    def say(self, line: str, which: int | None = None) -> None:
+        for p in self.procs if which is None else [self.procs[which]]:
+            assert p.stdin is not None
+            p.stdin.write(line + "\n")
+            p.stdin.flush()
+
+    @property
+    def record(self) -> Path:
+        return Path(f"/dev/shm/fakecuda-coll-{self.tag}")
+
+    def longest_waits_ms(self) -> list[float]:
+        raw = self.record.read_bytes()
+        return [SLOT.unpack_from(raw, SLOT.size * g)[4] / 1e6 for g in (0, 1)]
+
+    def forget_longest(self) -> None:
+        with self.record.open("r+b") as f:  # the start-up's waits (before the gang forms) are not the turns'
+            for g in (0, 1):
+                f.seek(SLOT.size * g + 32)
+                f.write(bytes(8))
+
+    def steps(self, which: int, path: Path) -> int:
+        self.say(f"dump {path}", which)
+        self._line(self.procs[which])
+        return len(json.loads(path.read_text())["ends"])
+
+    def close(self) -> list[str]:
+        self.say("quit")
+        errs = []
+        for p in self.procs:
+            try:
+                _, err = p.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            errs.append(err)
+            assert p.returncode == 0, err
+        self.record.unlink(missing_ok=True)
+        return errs
+
+
+def _run(n: Native, tmp_path: Path, counting: str, seconds: float) -> tuple[list[float], float, list[int], str]:
+    tag = f"te{os.getpid()}{counting[:2]}{int(n.asan)}"
+    with DaemonProc(tmp_path / "d", "--sim-gpus", "2x16GiB", "--identity", "declared", "--slice-ms", "40") as d:
+        job = Job(n, d, tag, counting)
+        try:
+            job.say("run")
+            time.sleep(1.0)
+            job.forget_longest()
+            time.sleep(seconds)
+            round_ms = min(float(g["round_ms"]) for g in d.status()["gpus"])
+            job.say("pause")
+            time.sleep(0.2)
+            longest = job.longest_waits_ms()
+            steps = [job.steps(k, tmp_path / f"r{k}.json") for k in (0, 1)]
+        finally:
+            errs = job.close()
+        boards = list(Path("/dev/shm").glob(f"cgpu-board-*-J{tag}"))
+    return longest, round_ms, steps, "\n".join(errs) + "".join(f"\nleft: {b}" for b in boards)
+
+
+def test_ranks_stop_at_the_same_collective(native: Native, tmp_path: Path) -> None:
+    longest, round_ms, steps, errs = _run(native, tmp_path, "nccl", 3.0)
+    assert round_ms == 80
+    assert max(longest) < STRAND_MS, (longest, round_ms)
+    assert abs(steps[0] - steps[1]) <= 1 and min(steps) > 100
+    assert "left:" not in errs  # the last rank to exit removed the board
+
+
+def test_without_counting_a_collective_spins_until_the_next_turn(native: Native, tmp_path: Path) -> None:
+    """The control: CGPU_COLLECTIVE_KERNELS=none counts nothing, and a collective launched just before a turn's end
+    waits for the gang's next turn (the test above would fail so)."""
+    longest, round_ms, _, _ = _run(native, tmp_path, "none", 3.0)
+    assert max(longest) >= STRAND_MS + 5, (longest, round_ms)
+
+
+def test_the_board_under_asan(native_asan: Native, tmp_path: Path) -> None:
+    _, _, steps, errs = _run(native_asan, tmp_path, "nccl", 1.5)
+    assert "AddressSanitizer" not in errs and "runtime error" not in errs, errs
+    assert abs(steps[0] - steps[1]) <= 1 and min(steps) > 20
+    assert "left:" not in errs
