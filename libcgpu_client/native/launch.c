@@ -57,7 +57,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
 #define GRAPH_LAUNCH(name)                                \
     CUresult name(CUgraphExec exec, CUstream s) {         \
         REAL_OR_FAIL(name);                               \
-        GATED(s, real(exec, s));                          \
+        GATED(s, cgpu_graph_mem_launch(exec, s, real));   \
     }
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)
