@@ -1894,6 +1894,8 @@ static CUresult gm_launch(CUgraphExec e) {
 }
 
 static void gm_launched(CUgraphExec e, CUstream s) {
+    if (!e->allocs.n && !e->frees.n)
+        return;
     pthread_mutex_lock(&gm_mu);
     e->ctx = s->ctx;
     e->seq = s->last_seq;

@@ -15,9 +15,12 @@
  *     uploaded nor launched, and nothing changed. After the call the charge becomes what the pool reserves;
  *   - after cuDeviceGraphMemTrim and cuGraphExecDestroy the charge follows the pool down; a trim may unmap any idle
  *     executable graph, so each is treated as unmapped again (its next launch reserves ahead anew).
- * Growth the shim did not foresee (a child graph's or a cloned graph's nodes, which it does not count; a remap
- * when a graph moves to another stream) is charged after the call if the limit allows; otherwise it is logged and
- * left to the daemon's NVML check, as a launch cannot be undone. A host-located allocation node is not counted. */
+ * Growth the shim did not foresee (a child graph's or a cloned graph's nodes, which it does not count; a graph
+ * instantiated through an entry point it does not hook, such as CUDA 11's five-argument cuGraphInstantiate; a
+ * remap when a graph moves to another stream) is charged after the call if the limit allows; otherwise it is
+ * logged and left to the daemon's NVML check, as a launch cannot be undone. A host-located allocation node is not
+ * counted. One lock guards the records and is held across a mapping call and its reservations, so that the
+ * process maps one executable graph's memory at a time. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 
@@ -109,7 +112,9 @@ CUgraph cgpu_graph_mem_capture_graph(CUstream s) {
                                                                                                            : NULL;
 }
 
-void cgpu_graph_mem_captured(CUstream s, CUdevice dev, size_t bytes) { node_added(cgpu_graph_mem_capture_graph(s), dev, bytes); }
+void cgpu_graph_mem_captured(CUstream s, CUdevice dev, size_t bytes) {
+    node_added(cgpu_graph_mem_capture_graph(s), dev, bytes);
+}
 
 void cgpu_graph_mem_forget(CUgraph g) {
     pthread_mutex_lock(&mu);
@@ -182,6 +187,15 @@ static void settle_after(const int64_t *need, const int64_t *ahead) {
     }
 }
 
+/* Settle every GPU whose graph memory pool the shim has seen. */
+static void settle_seen(void) {
+    pthread_mutex_lock(&mu);
+    for (int p = 0; p < CGPU_MAX_GPUS; p++)
+        if (dev_of[p])
+            settle(p);
+    pthread_mutex_unlock(&mu);
+}
+
 /* A mapping call (upload, launch) of e, made with call; the ledger charged what the pools reserve after it. */
 #define MAPPING(e, call)                                                        \
     do {                                                                        \
@@ -189,9 +203,13 @@ static void settle_after(const int64_t *need, const int64_t *ahead) {
             return call;                                                        \
         pthread_mutex_lock(&mu);                                                \
         gm_exec *r_ = exec_rec(e);                                              \
-        if (!r_) {                                                              \
+        if (!r_) { /* no memory nodes seen; or instantiated unseen: settled after */ \
+            int any_ = graphs != NULL;                                          \
             pthread_mutex_unlock(&mu);                                          \
-            return call;                                                        \
+            CUresult plain_ = call;                                             \
+            if (any_)                                                           \
+                settle_seen();                                                  \
+            return plain_;                                                      \
         }                                                                       \
         int64_t none_[CGPU_MAX_GPUS] = {0}, ahead_[CGPU_MAX_GPUS];              \
         const int64_t *need_ = r_->mapped ? none_ : r_->need;                   \

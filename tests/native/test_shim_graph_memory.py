@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cgpu_testing.daemon import DaemonProc
 from libcgpu_client.native import build as nb
 from tests.native.conftest import PROGS, Native
 from tests.native.test_shim_memory import DAEMON, MIB, OOM, exact, hold, meminfo, oom_changed_nothing, run
@@ -85,6 +86,21 @@ def test_graph_allocations_left_live_and_explicit_alloc_nodes(native: Native, da
     oom_changed_nothing(steps, 9)
 
 
+def test_an_instantiation_that_uploads_reserves_at_the_instantiation(native: Native, daemon_factory: type,
+                                                                     families: Path) -> None:
+    """cuGraphInstantiateWithParams with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD maps at the instantiation: 400 MiB is
+    charged there; a second graph of 700 MiB fails there with CUDA_ERROR_OUT_OF_MEMORY (no executable graph made,
+    nothing changed), and is made once the first is destroyed and trimmed."""
+    d = daemon_factory.start(*DAEMON)
+    steps = run(native, d, families, "capture=400M,free,upload", "launch", "capture=700M,free,upload", "sync",
+                "gdestroy", "gtrim", "capture=700M,free,upload", CGPU_INSTANCE="upl", CGPU_MEM_LIMIT="1GiB")
+    exact(steps)
+    assert by(steps) == [("capture", "0", 400, 400), ("launch", "0", 400, 400), ("capture", OOM, 400, 400),
+                         ("sync", "0", 400, -1), ("gdestroy", "0", 400, 400), ("gtrim", "0", 0, 0),
+                         ("capture", "0", 700, 700)], by(steps)
+    oom_changed_nothing(steps, 3)
+
+
 def test_the_graph_memory_pool_is_freed_from_the_ledger_after_kill_9(native: Native, daemon_factory: type,
                                                                      families: Path) -> None:
     """A process holding a 400 MiB graph memory pool (its graph destroyed, the memory kept): the daemon's ledger
@@ -102,12 +118,13 @@ def test_the_graph_memory_pool_is_freed_from_the_ledger_after_kill_9(native: Nat
     gone(d, "gkill", 1 << 30)
 
 
-def gone(d: object, inst: str, free: int) -> None:
+def gone(d: DaemonProc, inst: str, free: int) -> None:
+    """The daemon's ledger of ``inst`` holds no process and ``free`` bytes free, within 2 s."""
     deadline = time.monotonic() + 2.0
-    info = meminfo(d, inst)  # type: ignore[arg-type]
+    info = meminfo(d, inst)
     while time.monotonic() < deadline and "PID:" in info:
         time.sleep(0.05)
-        info = meminfo(d, inst)  # type: ignore[arg-type]
+        info = meminfo(d, inst)
     assert f"Free: {free}" in info and "PID:" not in info, info
 
 

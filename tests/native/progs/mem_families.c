@@ -27,9 +27,10 @@
  *                      into the pool and synchronised; prints total= and bytes= too
  *   churn=N,SIZE       N cuMemAllocAsync + cuMemFreeAsync pairs of SIZE on the stream, then a synchronisation;
  *                      prints ns= per pair (what the pool accounting costs when the pool has room)
- *   capture=SIZE[,free][,auto]  a graph captured on the stream: cuMemAllocAsync of SIZE (an allocation node), with
- *                      free: cuMemFreeAsync of it too (a free node); instantiated (auto: with
- *                      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH); it becomes the last graph
+ *   capture=SIZE[,free][,auto][,upload]  a graph captured on the stream: cuMemAllocAsync of SIZE (an allocation
+ *                      node), with free: cuMemFreeAsync of it too (a free node); instantiated (auto: with
+ *                      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH; upload: by cuGraphInstantiateWithParams with
+ *                      CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD into the stream); it becomes the last graph
  *   node=SIZE          a graph of one cuGraphAddMemAllocNode on device 0, instantiated
  *   upload launch      cuGraphUpload / cuGraphLaunch of the last graph, on the stream
  *   gfree              cuMemFreeAsync of every graph allocation a launch left live (those without a free node)
@@ -87,6 +88,7 @@ CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGraphCreate(CUgraph *, unsigned);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
 CUresult cuGraphUpload(CUgraphExec, CUstream);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
@@ -165,9 +167,14 @@ static CUresult graph_action(const char *a, const char *v, CUstream stream) {
             p = params.dptr;
         }
         CUgraphExec e = NULL;
+        unsigned long long flags = strstr(v, ",auto") ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {.flags = flags | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+                                                .hUploadStream = stream};
         if (r == CUDA_SUCCESS)
-            r = cuGraphInstantiateWithFlags(&e, g, strstr(v, ",auto") ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
-                                                                      : 0);
+            r = strstr(v, ",upload") ? cuGraphInstantiateWithParams(&e, g, &params)
+                                     : cuGraphInstantiateWithFlags(&e, g, flags);
+        if (r != CUDA_SUCCESS && g)
+            cuGraphDestroy(g);
         if (r == CUDA_SUCCESS) {
             graphs[ngraphs].g = g;
             graphs[ngraphs].e = e;
