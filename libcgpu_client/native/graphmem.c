@@ -46,6 +46,7 @@ static gm_exec *execs;
 static int64_t charged[CGPU_MAX_GPUS]; /* what the ledger holds for each GPU's graph memory pool */
 static CUdevice dev_of[CGPU_MAX_GPUS]; /* the CUDA device of each GPU seen, + 1 (0: none yet) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* all of the above; held across a mapping call */
+static _Atomic int seen; /* a memory node was made: until then a launch goes straight to the driver */
 
 static int64_t pool_attr(int pos, CUgraphMem_attribute which) {
     __typeof__(cuDeviceGetGraphMemAttribute) *get = REAL(cuDeviceGetGraphMemAttribute);
@@ -94,6 +95,7 @@ static void node_added(CUgraph g, CUdevice dev, size_t bytes) {
     int pos = cgpu_device_pos(dev, -1);
     if (pos < 0 || !g)
         return;
+    atomic_store(&seen, 1);
     pthread_mutex_lock(&mu);
     dev_of[pos] = dev + 1;
     gm_graph *r = graph_rec(g, 1);
@@ -199,7 +201,7 @@ static void settle_seen(void) {
 /* A mapping call (upload, launch) of e, made with call; the ledger charged what the pools reserve after it. */
 #define MAPPING(e, call)                                                        \
     do {                                                                        \
-        if (!cgpu_env_ok)                                                       \
+        if (!cgpu_env_ok || !atomic_load_explicit(&seen, memory_order_relaxed)) \
             return call;                                                        \
         pthread_mutex_lock(&mu);                                                \
         gm_exec *r_ = exec_rec(e);                                              \
