@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,13 +39,24 @@ static int64_t now_ns(void) {
 
 enum { OP_KERNEL, OP_EVENT, OP_GRAPH, OP_FREE, OP_COLLECTIVE };
 
+struct gm_list { /* graph memory nodes (below): allocations or frees */
+    int n, cap;
+    struct gm_alloc **v;
+};
 struct CUgraph_st {
     int n, cap;
     uint64_t *ns; /* the spin kernels captured, in order */
+    struct gm_list allocs, frees; /* its memory nodes */
 };
 struct CUgraphExec_st {
     int n;
     uint64_t *ns;
+    struct gm_list allocs, frees; /* its graph's memory nodes, at instantiation */
+    unsigned long long flags;
+    int mapped, destroyed;        /* the graph memory pool backs its allocations; destroyed with some still live */
+    CUcontext ctx;                /* its last launch: (ctx, seq) */
+    uint64_t seq;
+    struct CUgraphExec_st *next;  /* every exec with memory nodes */
 };
 
 typedef struct op {
@@ -134,6 +146,15 @@ static CUcontext current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : N
 struct pool_block;
 static void pool_return(struct pool_block *pb);
 static void pools_at_sync(int dev);
+/* Graph memory nodes, defined with the memory pools. */
+static CUresult gm_capture_alloc(CUstream s, size_t bytes, int dev, CUdeviceptr *out);
+static CUresult gm_capture_free(CUstream s, CUdeviceptr p);
+static CUresult gm_free_outside(CUdeviceptr p);
+static void gm_graph_release(struct CUgraph_st *g);
+static CUresult gm_instantiate(CUgraphExec e, CUgraph g, unsigned long long flags);
+static CUresult gm_launch(CUgraphExec e);
+static void gm_launched(CUgraphExec e, CUstream s);
+static int gm_exec_destroy(CUgraphExec e);
 static int footprint_take(int dev);
 static void footprint_give(int dev);
 
@@ -747,6 +768,7 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
     s->capturing = 0;
     if (s->invalidated) {
         if (!s->to_graph) { /* the caller's own graph stays the caller's to destroy */
+            gm_graph_release(s->graph);
             free(s->graph->ns);
             free(s->graph);
         }
@@ -953,7 +975,6 @@ LAUNCH_EX(cuLaunchKernelEx)
 LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags) {
-    (void)flags;
     CHECK_INIT();
     if (!pe || !g)
         return CUDA_ERROR_INVALID_VALUE;
@@ -968,6 +989,11 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned
     }
     if (g->n)
         memcpy(e->ns, g->ns, (size_t)g->n * sizeof *e->ns);
+    if (gm_instantiate(e, g, flags) != CUDA_SUCCESS) {
+        free(e->ns);
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *pe = e;
     return CUDA_SUCCESS;
 }
@@ -979,6 +1005,9 @@ static CUresult graph_launch(CUgraphExec e, CUstream s) {
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult mapped = gm_launch(e); /* its allocations backed by the graph memory pool, before it runs */
+    if (mapped != CUDA_SUCCESS)
+        return mapped;
     op *o = calloc(1, sizeof *o);
     struct CUgraphExec_st *copy = calloc(1, sizeof *copy); /* the queued launch owns a snapshot */
     uint64_t *ns = malloc((size_t)(e->n ? e->n : 1) * sizeof *ns);
@@ -992,7 +1021,9 @@ static CUresult graph_launch(CUgraphExec e, CUstream s) {
     copy->ns = ns;
     o->kind = OP_GRAPH;
     o->graph = copy;
-    return enqueue(s, o);
+    enqueue(s, o);
+    gm_launched(e, s);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s); }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s); }
@@ -1001,6 +1032,8 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
     CHECK_INIT();
     if (!e)
         return CUDA_ERROR_INVALID_VALUE;
+    if (gm_exec_destroy(e)) /* kept until its live graph allocations are freed */
+        return CUDA_SUCCESS;
     free(e->ns);
     free(e);
     return CUDA_SUCCESS;
@@ -1010,6 +1043,7 @@ EXPORT CUresult cuGraphDestroy(CUgraph g) {
     CHECK_INIT();
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
+    gm_graph_release(g);
     free(g->ns);
     free(g);
     return CUDA_SUCCESS;
@@ -1112,6 +1146,9 @@ static struct pool_block *take_pool_block(void *p);
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     CHECK_INIT();
+    CUresult graph = gm_free_outside(dptr); /* a graph allocation (graph memory nodes, below) */
+    if (graph != CUDA_ERROR_NOT_FOUND)
+        return graph;
     block *b = take_block((void *)(uintptr_t)dptr);
     struct pool_block *pb = b ? NULL : take_pool_block((void *)(uintptr_t)dptr);
     if (pb) { /* a pool's allocation, which the Programming Guide's Stream Ordered Memory Allocator lets cudaFree free:
@@ -1137,6 +1174,11 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s) {
     s = resolve_stream(s);
     if (!s)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (s->capturing) /* a free node of the graph (graph memory nodes, below) */
+        return s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : gm_capture_free(s, dptr);
+    CUresult graph = gm_free_outside(dptr);
+    if (graph != CUDA_ERROR_NOT_FOUND)
+        return graph;
     struct pool_block *pb = take_pool_block((void *)(uintptr_t)dptr);
     if (pb) {
         op *po = calloc(1, sizeof *po);
@@ -1264,6 +1306,8 @@ struct CUmemPoolHandle_st {
     size_t pending; /* freed in stream order, the stream not there yet: still backed */
     int live;       /* allocations not yet freed */
     int reuse[4];
+    int handle_types; /* CUmemPoolProps.handleTypes: exportable (IPC pools, below) */
+    int imported;     /* cuMemPoolImportFromShareableHandle's: the exporter's memory, not this process's */
     struct CUmemPoolHandle_st *next;
 };
 struct pool_block {
@@ -1280,6 +1324,8 @@ static size_t round_granule(size_t n) { return (n + POOL_GRANULE - 1) / POOL_GRA
 
 /* Under pools_mu: give back what pool holds beyond max(keep, what backs its live allocations). */
 static void pool_release_to(struct CUmemPoolHandle_st *pool, size_t keep) {
+    if (pool->handle_types || pool->imported)
+        return; /* "IPC pools currently do not support releasing physical blocks back to the OS" */
     size_t floor_ = round_granule(pool->used + pool->pending);
     size_t target = keep > floor_ ? keep : floor_;
     if (pool->reserved <= target)
@@ -1291,7 +1337,7 @@ static void pool_release_to(struct CUmemPoolHandle_st *pool, size_t keep) {
 
 /* Under pools_mu: a destroyed pool with nothing left allocated gives back all it holds. */
 static void pool_release_all(struct CUmemPoolHandle_st *pool) {
-    if (pool->dev >= 0)
+    if (pool->dev >= 0 && !pool->imported)
         atomic_fetch_sub(&D.used[pool->dev], (int64_t)pool->reserved);
     pool->reserved = 0;
 }
@@ -1328,6 +1374,8 @@ static void pool_return(struct pool_block *pb) {
     pthread_mutex_lock(&pools_mu);
     struct CUmemPoolHandle_st *pool = pb->pool;
     pool->pending -= pb->bytes;
+    if (pool->imported && !pool->destroyed) /* the import's mapping goes with it; the memory is the exporter's */
+        pool->reserved -= pb->bytes;
     if (pool->destroyed && pool->live == 0 && pool->pending == 0) {
         pool_unlink(pool);
         free(pool);
@@ -1366,10 +1414,13 @@ static struct pool_block *take_pool_block(void *p) {
 }
 
 static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytes, struct CUmemPoolHandle_st *pool, CUstream s) {
-    if (!dptr || bytes == 0 || !pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!resolve_stream(s))
+    if (!dptr || bytes == 0 || !pool || pool->imported)
+        return CUDA_ERROR_INVALID_VALUE; /* "Allocating from an import pool is not allowed" (IPC Import Pool Limitations) */
+    CUstream rs = resolve_stream(s);
+    if (!rs)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (rs->capturing) /* an allocation node of the graph, not the pool's (graph memory nodes, below) */
+        return rs->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : gm_capture_alloc(rs, bytes, pool->dev, dptr);
     struct pool_block *pb = malloc(sizeof *pb);
     void *p = malloc(bytes);
     if (!pb || !p) {
@@ -1443,8 +1494,12 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *out, const CUmemPoolProps *props) 
                type != CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if (props->handleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED; /* the fake exports POSIX file descriptors only */
     pthread_mutex_lock(&pools_mu);
     *out = pool_new(dev, 0);
+    if (*out)
+        (*out)->handle_types = props->handleTypes;
     pthread_mutex_unlock(&pools_mu);
     return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -1561,11 +1616,573 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
     CHECK_INIT();
     if (d < 0 || d >= D.ndev)
         return CUDA_ERROR_INVALID_DEVICE;
-    if (!pool || pool->dev != d || pool->destroyed)
+    if (!pool || pool->dev != d || pool->destroyed || pool->imported) /* import pools "cannot be set current" */
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&pools_mu);
     current_pool[d] = pool;
     pthread_mutex_unlock(&pools_mu);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------- graph memory nodes
+ *
+ * The CUDA Programming Guide, "Graph Memory Nodes", and the driver API reference (Graph Management):
+ *  - cuMemAllocAsync (or cuMemAllocFromPoolAsync) on a capturing stream, and cuGraphAddMemAllocNode, add an
+ *    allocation node to the graph; "CUDA assigns virtual addresses for the graph allocation at node creation time"
+ *    and they "are fixed for the lifetime of the allocation node" (the address is returned then; no device memory
+ *    is taken). cuMemFreeAsync on a capturing stream, and cuGraphAddMemFreeNode, add a free node; it may free only
+ *    an address "returned by an allocation node", once in a graph, else CUDA_ERROR_INVALID_VALUE
+ *    (cuGraphAddMemFreeNode).
+ *  - The memory comes from the device's graph memory pool, separate from the stream-ordered pools ("The graph
+ *    memory pool is not exposed to the stream ordered memory allocator"). "Physical memory cannot be allocated or
+ *    mapped during graph instantiation because the stream in which the graph will execute is unknown. Mapping is
+ *    done instead during graph launch. Calling cudaGraphUpload can separate out the cost of allocation from the
+ *    launch by performing all mappings for that graph immediately" (First Launch / cudaGraphUpload); "Physical
+ *    mappings for a graph are retained between launches" (Performance Considerations). So the fake maps an
+ *    executable graph's allocations at its upload or first launch: what the pool holds unmapped serves first, the
+ *    rest is reserved from the device in 2 MiB granules (CUDA_ERROR_OUT_OF_MEMORY when the device lacks it, and the
+ *    launch does not happen). Each executable graph maps its allocations' whole size: neither the reuse of an
+ *    address within a graph nor the sharing of physical pages between graphs (both a "may") is modelled.
+ *  - A launch makes the allocations without a free node in the graph live until freed outside it (cuMemFreeAsync,
+ *    cuMemFree, or another graph's free node, taken at that graph's launch); "If any allocations created by
+ *    hGraphExec remain unfreed (from a previous launch) and hGraphExec was not instantiated with
+ *    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, the launch will fail with CUDA_ERROR_INVALID_VALUE"
+ *    (cuGraphLaunch); with that flag the launch frees them first.
+ *  - "destroying a graph which contains memory nodes (even if their allocations are free) will not immediately
+ *    return physical memory to the OS"; cuDeviceGraphMemTrim "will unmap and release any physical memory reserved
+ *    by graph memory nodes that is not actively in use. Allocations that have not been freed and graphs that are
+ *    scheduled or running are considered to be actively using the physical memory" (Physical Memory Footprint):
+ *    trim unmaps every executable graph of the device that is idle and has nothing live, then gives the device
+ *    what the pool holds unmapped. A destroyed executable graph unmaps (its memory stays in the pool) once none of
+ *    its allocations is live ("Graph destruction does not automatically free any live graph-allocated memory").
+ *  - cuDeviceGetGraphMemAttribute: CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT "the amount of physical memory reserved
+ *    by the driver for graph allocations", USED_MEM_CURRENT "the amount of physical memory currently mapped by at
+ *    least one graph", and their high-water marks, which cuDeviceSetGraphMemAttribute may only reset to 0. */
+
+struct gm_alloc {
+    void *p;
+    size_t bytes;
+    int dev;                     /* -1: host-located (takes nothing from a device) */
+    int refs;                    /* its graph and each executable graph instantiated from it */
+    int live;                    /* made by a launch and not freed yet */
+    struct CUgraphExec_st *by;   /* the executable graph whose launch made it live */
+    struct gm_alloc *next;
+};
+static struct gm_alloc *gm_allocs;
+static struct CUgraphExec_st *gm_execs;
+static struct {
+    size_t reserved, used, reserved_high, used_high;
+} gm_pool[MAX_DEVICES];
+static pthread_mutex_t gm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int gm_push(struct gm_list *l, struct gm_alloc *a) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        struct gm_alloc **v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = a;
+    return 0;
+}
+
+static int gm_has(const struct gm_list *l, const struct gm_alloc *a) {
+    for (int k = 0; k < l->n; k++)
+        if (l->v[k] == a)
+            return 1;
+    return 0;
+}
+
+/* Under gm_mu. */
+static struct gm_alloc *gm_find(CUdeviceptr p) {
+    struct gm_alloc *a = gm_allocs;
+    while (a && (uintptr_t)a->p != (uintptr_t)p)
+        a = a->next;
+    return a;
+}
+
+/* Under gm_mu: one reference less; the allocation and its address go with the last. */
+static void gm_unref(struct gm_alloc *a) {
+    if (--a->refs > 0 || a->live)
+        return;
+    struct gm_alloc **pp = &gm_allocs;
+    while (*pp != a)
+        pp = &(*pp)->next;
+    *pp = a->next;
+    free(a->p);
+    free(a);
+}
+
+static CUresult gm_node(struct CUgraph_st *g, size_t bytes, int dev, CUdeviceptr *out) {
+    if (!out || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct gm_alloc *a = calloc(1, sizeof *a);
+    void *p = malloc(bytes); /* the address range; pages are touched only when used */
+    pthread_mutex_lock(&gm_mu);
+    if (!a || !p || gm_push(&g->allocs, a) != 0) {
+        pthread_mutex_unlock(&gm_mu);
+        free(a), free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *a = (struct gm_alloc){.p = p, .bytes = bytes, .dev = dev, .refs = 1, .next = gm_allocs};
+    gm_allocs = a;
+    pthread_mutex_unlock(&gm_mu);
+    *out = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult gm_free_node(struct CUgraph_st *g, CUdeviceptr p) {
+    pthread_mutex_lock(&gm_mu);
+    struct gm_alloc *a = gm_find(p);
+    CUresult r = !a || gm_has(&g->frees, a) ? CUDA_ERROR_INVALID_VALUE
+                 : gm_push(&g->frees, a) != 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        a->refs++;
+    pthread_mutex_unlock(&gm_mu);
+    return r;
+}
+
+static CUresult gm_capture_alloc(CUstream s, size_t bytes, int dev, CUdeviceptr *out) {
+    return gm_node(s->graph, bytes, dev, out);
+}
+static CUresult gm_capture_free(CUstream s, CUdeviceptr p) { return gm_free_node(s->graph, p); }
+
+/* Under gm_mu: what exec e's allocations take on device dev. */
+static size_t gm_need(const struct CUgraphExec_st *e, int dev) {
+    size_t n = 0;
+    for (int k = 0; k < e->allocs.n; k++)
+        if (e->allocs.v[k]->dev == dev)
+            n += e->allocs.v[k]->bytes;
+    return n;
+}
+
+/* Under gm_mu: back e's allocations with the graph memory pool; CUDA_ERROR_OUT_OF_MEMORY, and nothing changed,
+ * when a device lacks what the pool must reserve. */
+static CUresult gm_map(struct CUgraphExec_st *e) {
+    if (e->mapped)
+        return CUDA_SUCCESS;
+    size_t grown[MAX_DEVICES] = {0};
+    for (int d = 0; d < D.ndev; d++) {
+        size_t need = gm_need(e, d), room = gm_pool[d].reserved - gm_pool[d].used;
+        if (need <= room)
+            continue;
+        grown[d] = round_granule(need - room);
+        if (dev_take(d, grown[d]) != 0) {
+            for (int u = 0; u < d; u++)
+                atomic_fetch_sub(&D.used[u], (int64_t)grown[u]);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    for (int d = 0; d < D.ndev; d++) {
+        gm_pool[d].reserved += grown[d];
+        gm_pool[d].used += gm_need(e, d);
+        if (gm_pool[d].reserved > gm_pool[d].reserved_high)
+            gm_pool[d].reserved_high = gm_pool[d].reserved;
+        if (gm_pool[d].used > gm_pool[d].used_high)
+            gm_pool[d].used_high = gm_pool[d].used;
+    }
+    e->mapped = 1;
+    return CUDA_SUCCESS;
+}
+
+/* Under gm_mu: e's mappings go back to the pool (which keeps the memory). */
+static void gm_unmap(struct CUgraphExec_st *e) {
+    if (!e->mapped)
+        return;
+    for (int d = 0; d < D.ndev; d++)
+        gm_pool[d].used -= gm_need(e, d);
+    e->mapped = 0;
+}
+
+static int gm_live_of(const struct CUgraphExec_st *e) {
+    int n = 0;
+    for (int k = 0; k < e->allocs.n; k++)
+        n += e->allocs.v[k]->live && e->allocs.v[k]->by == e;
+    return n;
+}
+
+/* Under gm_mu: forget e for good (unmapped, references dropped). */
+static void gm_exec_free(struct CUgraphExec_st *e) {
+    gm_unmap(e);
+    struct CUgraphExec_st **pp = &gm_execs;
+    while (*pp && *pp != e)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = e->next;
+    for (int k = 0; k < e->allocs.n; k++)
+        gm_unref(e->allocs.v[k]);
+    for (int k = 0; k < e->frees.n; k++)
+        gm_unref(e->frees.v[k]);
+    free(e->allocs.v);
+    free(e->frees.v);
+}
+
+/* Under gm_mu: allocation a is freed (its lifetime ends); a destroyed executable graph goes with its last. */
+static void gm_end_life(struct gm_alloc *a) {
+    struct CUgraphExec_st *by = a->by;
+    a->live = 0;
+    a->by = NULL;
+    if (by && by->destroyed && gm_live_of(by) == 0) {
+        gm_exec_free(by);
+        free(by->ns);
+        free(by);
+    }
+}
+
+static CUresult gm_free_outside(CUdeviceptr p) {
+    pthread_mutex_lock(&gm_mu);
+    struct gm_alloc *a = gm_find(p);
+    CUresult r = !a ? CUDA_ERROR_NOT_FOUND : a->live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        a->refs++; /* held across gm_end_life, which may drop the executable graph's reference */
+        gm_end_life(a);
+        gm_unref(a);
+    }
+    pthread_mutex_unlock(&gm_mu);
+    return r;
+}
+
+static void gm_graph_release(struct CUgraph_st *g) {
+    pthread_mutex_lock(&gm_mu);
+    for (int k = 0; k < g->allocs.n; k++)
+        gm_unref(g->allocs.v[k]);
+    for (int k = 0; k < g->frees.n; k++)
+        gm_unref(g->frees.v[k]);
+    pthread_mutex_unlock(&gm_mu);
+    free(g->allocs.v);
+    free(g->frees.v);
+    g->allocs = g->frees = (struct gm_list){0};
+}
+
+static CUresult gm_instantiate(CUgraphExec e, CUgraph g, unsigned long long flags) {
+    e->flags = flags;
+    if (!g->allocs.n && !g->frees.n)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&gm_mu);
+    int ok = 1;
+    for (int k = 0; ok && k < g->allocs.n; k++)
+        ok = gm_push(&e->allocs, g->allocs.v[k]) == 0;
+    for (int k = 0; ok && k < g->frees.n; k++)
+        ok = gm_push(&e->frees, g->frees.v[k]) == 0;
+    if (ok) {
+        for (int k = 0; k < e->allocs.n; k++)
+            e->allocs.v[k]->refs++;
+        for (int k = 0; k < e->frees.n; k++)
+            e->frees.v[k]->refs++;
+        e->next = gm_execs;
+        gm_execs = e;
+    } else {
+        free(e->allocs.v);
+        free(e->frees.v);
+    }
+    pthread_mutex_unlock(&gm_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Before e's launch is queued: its unfreed allocations of a previous launch (an error, or freed with
+ * AUTO_FREE_ON_LAUNCH), then its mappings. */
+static CUresult gm_launch(CUgraphExec e) {
+    if (!e->allocs.n && !e->frees.n)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&gm_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (gm_live_of(e) && !(e->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH))
+        r = CUDA_ERROR_INVALID_VALUE;
+    else
+        r = gm_map(e);
+    if (r == CUDA_SUCCESS) {
+        for (int k = 0; k < e->allocs.n; k++)
+            if (e->allocs.v[k]->live && e->allocs.v[k]->by == e)
+                gm_end_life(e->allocs.v[k]); /* AUTO_FREE_ON_LAUNCH */
+        for (int k = 0; k < e->frees.n; k++)
+            if (!gm_has(&e->allocs, e->frees.v[k]) && e->frees.v[k]->live)
+                gm_end_life(e->frees.v[k]); /* another graph's allocation, freed by this one */
+        for (int k = 0; k < e->allocs.n; k++)
+            if (!gm_has(&e->frees, e->allocs.v[k])) {
+                e->allocs.v[k]->live = 1;
+                e->allocs.v[k]->by = e;
+            }
+    }
+    pthread_mutex_unlock(&gm_mu);
+    return r;
+}
+
+static void gm_launched(CUgraphExec e, CUstream s) {
+    if (!e->allocs.n && !e->frees.n)
+        return;
+    pthread_mutex_lock(&gm_mu);
+    e->ctx = s->ctx;
+    e->seq = s->last_seq;
+    pthread_mutex_unlock(&gm_mu);
+}
+
+/* 1 when e stays (its live allocations keep it mapped): it is freed with the last of them. */
+static int gm_exec_destroy(CUgraphExec e) {
+    if (!e->allocs.n && !e->frees.n)
+        return 0;
+    pthread_mutex_lock(&gm_mu);
+    int stays = gm_live_of(e) > 0;
+    if (stays)
+        e->destroyed = 1;
+    else
+        gm_exec_free(e);
+    pthread_mutex_unlock(&gm_mu);
+    return stays;
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph *pg, unsigned int flags) {
+    CHECK_INIT();
+    if (!pg || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pg = calloc(1, sizeof **pg);
+    return *pg ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The fake's graph has no dependencies: a memory node's node handle is its allocation's record. */
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    (void)deps, (void)ndeps;
+    CHECK_INIT();
+    if (!node || !g || !params || params->poolProps.allocType != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    int type = params->poolProps.location.type, dev = params->poolProps.location.id;
+    if (type != CU_MEM_LOCATION_TYPE_DEVICE || dev < 0 || dev >= D.ndev)
+        return CUDA_ERROR_INVALID_VALUE; /* device-located allocations only, as the Programming Guide shows them */
+    CUresult r = gm_node(g, params->bytesize, dev, &params->dptr);
+    if (r == CUDA_SUCCESS)
+        *node = (CUgraphNode)(uintptr_t)params->dptr;
+    return r;
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                      CUdeviceptr p) {
+    (void)deps, (void)ndeps;
+    CHECK_INIT();
+    if (!node || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gm_free_node(g, p);
+    if (r == CUDA_SUCCESS)
+        *node = (CUgraphNode)(uintptr_t)p;
+    return r;
+}
+
+/* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD uploads into hUploadStream at instantiation; the result codes are not
+ * modelled. */
+static CUresult graph_upload(CUgraphExec e, CUstream s);
+static CUresult instantiate_with_params(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    CHECK_INIT();
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuGraphInstantiateWithFlags(pe, g, p->flags & ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    if (r == CUDA_SUCCESS && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) &&
+        (r = graph_upload(*pe, p->hUploadStream)) != CUDA_SUCCESS) {
+        cuGraphExecDestroy(*pe);
+        *pe = NULL;
+    }
+    return r;
+}
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    return instantiate_with_params(pe, g, p);
+}
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    return instantiate_with_params(pe, g, p);
+}
+
+static CUresult graph_upload(CUgraphExec e, CUstream s) {
+    CHECK_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!resolve_stream(s))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!e->allocs.n)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&gm_mu);
+    CUresult r = gm_map(e);
+    pthread_mutex_unlock(&gm_mu);
+    return r;
+}
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) { return graph_upload(e, s); }
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return graph_upload(e, s); }
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
+    CHECK_INIT();
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&gm_mu);
+    for (struct CUgraphExec_st *e = gm_execs; e; e = e->next) {
+        int busy = 0;
+        if (e->ctx) {
+            pthread_mutex_lock(&e->ctx->mu);
+            busy = e->ctx->done_seq < e->seq; /* scheduled or running */
+            pthread_mutex_unlock(&e->ctx->mu);
+        }
+        if (e->mapped && !busy && gm_live_of(e) == 0 && gm_need(e, d) > 0)
+            gm_unmap(e);
+    }
+    size_t keep = round_granule(gm_pool[d].used);
+    if (gm_pool[d].reserved > keep) {
+        atomic_fetch_sub(&D.used[d], (int64_t)(gm_pool[d].reserved - keep));
+        gm_pool[d].reserved = keep;
+    }
+    pthread_mutex_unlock(&gm_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, CUgraphMem_attribute attr, void *value) {
+    CHECK_INIT();
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || attr < CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT || attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&gm_mu);
+    size_t v[] = {gm_pool[d].used, gm_pool[d].used_high, gm_pool[d].reserved, gm_pool[d].reserved_high};
+    pthread_mutex_unlock(&gm_mu);
+    *(cuuint64_t *)value = v[attr];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice d, CUgraphMem_attribute attr, void *value) {
+    CHECK_INIT();
+    if (d < 0 || d >= D.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || *(const cuuint64_t *)value != 0 ||
+        (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
+        return CUDA_ERROR_INVALID_VALUE; /* "High watermark can only be reset to zero" */
+    pthread_mutex_lock(&gm_mu);
+    if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+        gm_pool[d].used_high = gm_pool[d].used;
+    else
+        gm_pool[d].reserved_high = gm_pool[d].reserved;
+    pthread_mutex_unlock(&gm_mu);
+    return CUDA_SUCCESS;
+}
+
+/* The capture's status and graph (cuStreamGetCaptureInfo_v2 in the driver API reference); the id is the stream's
+ * and the dependencies are not modelled (none). */
+EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *graph,
+                                          const CUgraphNode **deps, size_t *ndeps) {
+    CHECK_INIT();
+    s = resolve_stream(s);
+    if (!s || !st)
+        return CUDA_ERROR_INVALID_VALUE;
+    cuStreamIsCapturing(s, st);
+    if (id)
+        *id = (cuuint64_t)(uintptr_t)s;
+    if (graph)
+        *graph = s->capturing ? s->graph : NULL;
+    if (deps)
+        *deps = NULL;
+    if (ndeps)
+        *ndeps = 0;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------- IPC memory pools
+ *
+ * The CUDA Programming Guide, "Stream Ordered Memory Allocator", "IPC Memory Pools", and the driver API reference
+ * (cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle, cuMemPoolExportPointer,
+ * cuMemPoolImportPointer):
+ *  - a pool created with CUmemPoolProps.handleTypes can be exported as a shareable handle (here a POSIX file
+ *    descriptor: a memfd naming the pool's device), and each of its allocations as CUmemPoolPtrExportData;
+ *  - another process imports the pool from the handle and then the allocations from their export data; the memory
+ *    stays the exporter's: the import takes nothing from the device (the fake's device books are per process, so
+ *    the importer's books do not grow) and "The resource usage stat attribute queries only reflect the
+ *    allocations imported into the process and the associated physical memory" (IPC Import Pool Limitations): an
+ *    import pool's reserved and used memory are its imported allocations until they are freed;
+ *  - "Allocating from an import pool is not allowed; specifically, import pools cannot be set current and cannot
+ *    be used in the cudaMallocFromPoolAsync API" (CUDA_ERROR_INVALID_VALUE here);
+ *  - "IPC pools currently do not support releasing physical blocks back to the OS. As a result the
+ *    cudaMemPoolTrimTo API acts as a no-op and the cudaMemPoolAttrReleaseThreshold effectively gets ignored"
+ *    (IPC Export Pool Limitations): an exportable pool gives memory back only when destroyed.
+ * One process may import its own export (the handle is any descriptor of the memfd: /proc/PID/fd/N of the
+ * exporter opened by another process, as the tests pass it). */
+
+#define IPC_MAGIC 0x66616b65636d7070ULL /* "fakecmpp" */
+struct ipc_pool_id {
+    uint64_t magic;
+    int32_t dev, pid;
+};
+struct ipc_ptr_id {
+    uint64_t magic;
+    uint64_t bytes;
+};
+
+EXPORT CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool, CUmemAllocationHandleType type,
+                                                 unsigned long long flags) {
+    CHECK_INIT();
+    if (!handle_out || !pool || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+        !(pool->handle_types & type) || pool->dev < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("fakecuda-pool", MFD_CLOEXEC);
+    struct ipc_pool_id id = {IPC_MAGIC, pool->dev, (int32_t)getpid()};
+    if (fd < 0 || write(fd, &id, sizeof id) != (ssize_t)sizeof id) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)handle_out = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *out, void *handle, CUmemAllocationHandleType type,
+                                                   unsigned long long flags) {
+    CHECK_INIT();
+    struct ipc_pool_id id;
+    int fd = (int)(intptr_t)handle;
+    if (!out || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+        pread(fd, &id, sizeof id, 0) != (ssize_t)sizeof id || id.magic != IPC_MAGIC || id.dev < 0 ||
+        id.dev >= D.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_mu);
+    *out = pool_new(id.dev, 0);
+    if (*out)
+        (*out)->imported = 1;
+    pthread_mutex_unlock(&pools_mu);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *out, CUdeviceptr p) {
+    CHECK_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pools_mu);
+    struct pool_block *pb = pool_blocks;
+    while (pb && (uintptr_t)pb->p != (uintptr_t)p)
+        pb = pb->next;
+    int ok = pb && pb->pool->handle_types && !pb->pool->imported;
+    struct ipc_ptr_id id = {IPC_MAGIC, ok ? pb->bytes : 0};
+    pthread_mutex_unlock(&pools_mu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(out, 0, sizeof *out);
+    memcpy(out->reserved, &id, sizeof id);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *out, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
+    CHECK_INIT();
+    struct ipc_ptr_id id;
+    if (!out || !pool || !data || !pool->imported)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&id, data->reserved, sizeof id);
+    if (id.magic != IPC_MAGIC || id.bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct pool_block *pb = malloc(sizeof *pb);
+    void *p = malloc(id.bytes); /* the importer's mapping of the exporter's memory */
+    if (!pb || !p) {
+        free(pb), free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&pools_mu);
+    pool->reserved += id.bytes;
+    pool->used += id.bytes;
+    pool->live++;
+    *pb = (struct pool_block){.p = p, .bytes = id.bytes, .pool = pool, .next = pool_blocks};
+    pool_blocks = pb;
+    pthread_mutex_unlock(&pools_mu);
+    *out = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
 
@@ -1765,6 +2382,11 @@ static const struct {
     P(cuMemPoolGetAttribute), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
     P(cuMemAllocManaged), V2(cuArrayCreate, 3020), V2(cuArray3DCreate, 3020), P(cuArrayDestroy),
     P(cuMipmappedArrayCreate), P(cuMipmappedArrayDestroy),
+    /* graph memory nodes, IPC pools */
+    PT(cuGraphUpload), PT(cuGraphInstantiateWithParams), P(cuGraphCreate), P(cuGraphAddMemAllocNode),
+    P(cuGraphAddMemFreeNode), P(cuDeviceGraphMemTrim), P(cuDeviceGetGraphMemAttribute),
+    P(cuDeviceSetGraphMemAttribute), V2(cuStreamGetCaptureInfo, 11030), P(cuMemPoolExportToShareableHandle),
+    P(cuMemPoolImportFromShareableHandle), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer),
 #undef P
 #undef PT
 #undef V2

@@ -14,7 +14,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 
-#include "hooks.h"
+#include "memory.h"
 
 #define CAPTURE_WAIT_MS 1000
 
@@ -78,11 +78,14 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNo
 }
 
 /* The capture is over once the stream captures no more, whether it ended valid or invalidated (an end from the
- * wrong thread leaves it open). */
+ * wrong thread leaves it open). An invalidated capture's graph is gone: graphmem.c forgets its memory nodes. */
 #define END(call)                                        \
     do {                                                 \
         int was_ = is_capturing(s);                      \
+        CUgraph into_ = was_ ? cgpu_graph_mem_capture_graph(s) : NULL; \
         CUresult r_ = call;                              \
+        if (r_ != CUDA_SUCCESS && into_)                 \
+            cgpu_graph_mem_forget(into_);                \
         if (was_ && !is_capturing(s)) {                  \
             pthread_mutex_lock(&mu);                     \
             if (open_captures > 0)                       \

@@ -118,6 +118,30 @@ typedef struct {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* Graph memory nodes and IPC pools (cuda.h, CUDA 12): the graph memory pool's attributes, an allocation node's
+ * parameters, cuGraphInstantiateWithParams' parameters, pool export data and shareable handle types. */
+typedef int CUgraphMem_attribute;
+enum { CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+       CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3 };
+enum { CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2 };
+typedef struct CUmemAccessDesc_st CUmemAccessDesc; /* only pointed to here */
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;         /* out: the allocation's address */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;           /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+typedef int CUmemAllocationHandleType;
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+typedef struct { unsigned char reserved[64]; } CUmemPoolPtrExportData;
+
 /* NVML */
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;

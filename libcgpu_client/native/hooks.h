@@ -36,6 +36,7 @@ enum { LIB_CUDA, LIB_NVML };
     X(nvmlDeviceGetMemoryInfo, "", 0, 0, 0, LIB_NVML)                           \
     X(nvmlDeviceGetMemoryInfo_v2, "", 0, 0, 0, LIB_NVML)                        \
     MEMORY_HOOKS(X)                                                             \
+    GRAPH_MEMORY_HOOKS(X)                                                       \
     CAPTURE_HOOKS(X)
 
 /* Stream captures (capture.c): the shim's syncs wait until none is open. */
@@ -75,6 +76,20 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuCtxCreate_v4, "cuCtxCreate", 12050, 1 << 30, 0, LIB_CUDA)                              \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 1 << 30, 0, LIB_CUDA)
 
+/* Graph memory nodes (graphmem.c) and imported pools (pools.c): what the device's graph memory pool reserves, and
+ * pools whose memory another process holds. */
+#define GRAPH_MEMORY_HOOKS(X)                                                                               \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 1 << 30, 0, LIB_CUDA)                            \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0, 1 << 30, 0, LIB_CUDA)                  \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 1 << 30, 0, LIB_CUDA)                \
+    X(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 0, 1 << 30, 1, LIB_CUDA)           \
+    X(cuGraphUpload, "cuGraphUpload", 0, 1 << 30, 0, LIB_CUDA)                                              \
+    X(cuGraphUpload_ptsz, "cuGraphUpload", 0, 1 << 30, 1, LIB_CUDA)                                         \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 1 << 30, 0, LIB_CUDA)                                \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 1 << 30, 0, LIB_CUDA)                                    \
+    X(cuGraphDestroy, "cuGraphDestroy", 0, 1 << 30, 0, LIB_CUDA)                                            \
+    X(cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle", 0, 1 << 30, 0, LIB_CUDA)
+
 /* driver functions the shim calls but does not interpose */
 #define HELPERS(X)                                                              \
     X(cuCtxGetCurrent, "", 0, 0, 0, LIB_CUDA)                                   \
@@ -88,6 +103,8 @@ enum { LIB_CUDA, LIB_NVML };
     X(nvmlDeviceGetIndex, "", 0, 0, 0, LIB_NVML)                                \
     X(cuDeviceGetMemPool, "", 0, 0, 0, LIB_CUDA)                                \
     X(cuMemPoolGetAttribute, "", 0, 0, 0, LIB_CUDA)                             \
+    X(cuDeviceGetGraphMemAttribute, "", 0, 0, 0, LIB_CUDA)                      \
+    X(cuStreamGetCaptureInfo_v2, "", 0, 0, 0, LIB_CUDA)                         \
     X(nvmlInit_v2, "", 0, 0, 0, LIB_NVML)                                       \
     X(nvmlDeviceGetHandleByIndex_v2, "", 0, 0, 0, LIB_NVML)                     \
     X(cuFuncGetName, "", 0, 0, 0, LIB_CUDA)                                     \
@@ -143,6 +160,14 @@ typedef CUresult(begin_capture_t)(CUstream, CUstreamCaptureMode);
 typedef CUresult(begin_capture_graph_t)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
                                         CUstreamCaptureMode);
 typedef CUresult(end_capture_t)(CUstream, CUgraph *);
+typedef CUresult(add_alloc_node_t)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+typedef CUresult(instantiate_flags_t)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult(instantiate_params_t)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+typedef CUresult(graph_upload_t)(CUgraphExec, CUstream);
+typedef CUresult(graph_mem_trim_t)(CUdevice);
+typedef CUresult(graph_exec_destroy_t)(CUgraphExec);
+typedef CUresult(graph_destroy_t)(CUgraph);
+typedef CUresult(pool_import_t)(CUmemoryPool *, void *, CUmemAllocationHandleType, unsigned long long);
 
 EXPORT init_t cuInit;
 EXPORT launch_t cuLaunchKernel, cuLaunchKernel_ptsz;
@@ -186,6 +211,16 @@ EXPORT begin_capture1_t cuStreamBeginCapture, cuStreamBeginCapture_ptsz;
 EXPORT begin_capture_t cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz;
 EXPORT begin_capture_graph_t cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz;
 EXPORT end_capture_t cuStreamEndCapture, cuStreamEndCapture_ptsz;
+EXPORT add_alloc_node_t cuGraphAddMemAllocNode;
+EXPORT instantiate_flags_t cuGraphInstantiateWithFlags;
+EXPORT instantiate_params_t cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz;
+EXPORT graph_upload_t cuGraphUpload, cuGraphUpload_ptsz;
+EXPORT graph_mem_trim_t cuDeviceGraphMemTrim;
+EXPORT graph_exec_destroy_t cuGraphExecDestroy;
+EXPORT graph_destroy_t cuGraphDestroy;
+EXPORT pool_import_t cuMemPoolImportFromShareableHandle;
+/* graphmem.c: cuGraphLaunch's call of the real launch, with the graph memory pool's mapping charged first. */
+CGPU_HIDDEN CUresult cgpu_graph_mem_launch(CUgraphExec e, CUstream s, graph_launch_t *real);
 
 /* The driver functions the shim only calls (HELPERS): declared for their types, never defined here. */
 CUresult cuCtxGetCurrent(CUcontext *);
@@ -199,6 +234,9 @@ CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned int *);
 CUresult cuDeviceGetMemPool(CUmemoryPool *, CUdevice);
 CUresult cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void *);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice, CUgraphMem_attribute, void *);
+CUresult cuStreamGetCaptureInfo_v2(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **,
+                                   size_t *);
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
 CUresult cuFuncGetName(const char **, CUfunction);

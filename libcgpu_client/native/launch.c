@@ -114,7 +114,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
 #define GRAPH_LAUNCH(name)                                \
     CUresult name(CUgraphExec exec, CUstream s) {         \
         REAL_OR_FAIL(name);                               \
-        GATED(s, 0, real(exec, s));                          \
+        GATED(s, 0, cgpu_graph_mem_launch(exec, s, real));   \
     }
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)

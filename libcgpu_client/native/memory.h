@@ -25,4 +25,10 @@ CGPU_HIDDEN void cgpu_pools_settle(void);
 /* pools.c: an allocation of pool `owner` (a cgpu_track owner) was freed, by cuMemFreeAsync or cuMemFree. */
 CGPU_HIDDEN void cgpu_pool_freed(void *owner);
 
+/* graphmem.c: an allocation node of bytes on CUDA device dev was captured on stream s. */
+CGPU_HIDDEN void cgpu_graph_mem_captured(CUstream s, CUdevice dev, size_t bytes);
+/* graphmem.c: the graph stream s is capturing into (NULL when none); forget graph g's memory nodes. */
+CGPU_HIDDEN CUgraph cgpu_graph_mem_capture_graph(CUstream s);
+CGPU_HIDDEN void cgpu_graph_mem_forget(CUgraph g);
+
 #endif

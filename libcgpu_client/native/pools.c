@@ -13,7 +13,14 @@
  *     (where the driver releases), what the pool no longer reserves is given back;
  *   - a destroyed pool gives back all it held once its last allocation is freed.
  * A host-located pool (CU_MEM_LOCATION_TYPE_HOST*) is not counted. An allocation made while its stream captures a
- * graph belongs to the graph, not the pool (cuMemAllocAsync in the driver API reference): it passes unchecked. */
+ * graph belongs to the graph, not the pool (cuMemAllocAsync in the driver API reference): graphmem.c counts it as
+ * the graph's allocation node, charged when the graph memory pool maps it.
+ *
+ * An imported pool (cuMemPoolImportFromShareableHandle) holds memory another process exported: the exporter's
+ * ledger counts it (its pool's reserved memory), so the importer's counts none of it, neither at the import, nor
+ * for the allocations it imports (cuMemPoolImportPointer: not tracked, so their frees give nothing back), nor for
+ * an allocation from it (which the driver refuses: "Allocating from an import pool is not allowed", CUDA
+ * Programming Guide, "IPC Import Pool Limitations"): its record is uncounted from the start (pos -1). */
 #define _GNU_SOURCE
 #include <stdlib.h>
 
@@ -22,6 +29,7 @@
 typedef struct pool_rec {
     CUmemoryPool pool;
     int pos;            /* the visible GPU it takes memory from; -1: not counted */
+    CUdevice dev;       /* its CUDA device (when pos >= 0) */
     int64_t charged;    /* bytes the ledger holds for it */
     int64_t threshold;  /* its release threshold, as last set through the shim */
     int live;           /* allocations not yet freed */
@@ -52,7 +60,7 @@ static pool_rec *rec_find(CUmemoryPool pool) {
 
 /* The record of pool, made on first sight: pos is its GPU (the current one, for a pool the shim did not see
  * created: a device's default pool, or one imported). */
-static pool_rec *rec_of(CUmemoryPool pool, int pos) {
+static pool_rec *rec_of(CUmemoryPool pool, int pos, CUdevice dev) {
     pthread_mutex_lock(&recs_mu);
     pool_rec *r = recs;
     while (r && r->pool != pool)
@@ -60,6 +68,7 @@ static pool_rec *rec_of(CUmemoryPool pool, int pos) {
     if (!r && (r = calloc(1, sizeof *r)) != NULL) {
         r->pool = pool;
         r->pos = pos;
+        r->dev = dev;
         int64_t t = attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
         r->threshold = t > 0 ? t : 0;
         pthread_mutex_init(&r->mu, NULL);
@@ -120,6 +129,22 @@ static int capturing(CUstream s) {
     return is && is(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* An allocation node captured on s (result r): graphmem.c counts it for device dev (-1: none, not counted). */
+static CUresult captured(CUresult r, CUstream s, CUdevice dev, size_t bytes) {
+    if (r == CUDA_SUCCESS && dev >= 0)
+        cgpu_graph_mem_captured(s, dev, bytes);
+    return r;
+}
+
+/* The CUDA device of pool's memory: the one it was created on, or the current one for a pool the shim did not see
+ * created; -1 for a host-located or imported pool. */
+static CUdevice pool_device(CUmemoryPool pool) {
+    pool_rec *r = rec_find(pool);
+    if (!r)
+        return cgpu_current_device();
+    return r->pos >= 0 ? r->dev : -1;
+}
+
 /* Allocate bytes from pool r with call; the ledger charged for what the pool reserves afterwards. */
 #define POOL_ALLOC(r, bytes, dptr, call)                                                          \
     do {                                                                                         \
@@ -158,11 +183,13 @@ static int capturing(CUstream s) {
     CUresult name(CUdeviceptr *dptr, size_t bytes, CUstream s) {                                 \
         REAL_OR_FAIL(name);                                                                      \
         __typeof__(cuDeviceGetMemPool) *current_ = REAL(cuDeviceGetMemPool);                     \
-        CUdevice dev_ = cgpu_env_ok && dptr && bytes && !capturing(s) ? cgpu_current_device() : -1; \
+        CUdevice dev_ = cgpu_env_ok && dptr && bytes ? cgpu_current_device() : -1;               \
+        if (dev_ >= 0 && capturing(s))                                                           \
+            return captured(real(dptr, bytes, s), s, dev_, bytes);                               \
         int pos_ = dev_ >= 0 ? cgpu_device_pos(dev_, -1) : -1;                                   \
         CUmemoryPool pool_ = NULL;                                                               \
         pool_rec *r_ = pos_ >= 0 && current_ && current_(&pool_, dev_) == CUDA_SUCCESS           \
-                           ? rec_of(pool_, pos_) : NULL;                                         \
+                           ? rec_of(pool_, pos_, dev_) : NULL;                                   \
         if (!r_ || r_->pos < 0)                                                                  \
             return real(dptr, bytes, s);                                                         \
         POOL_ALLOC(r_, bytes, dptr, real(dptr, bytes, s));                                       \
@@ -173,8 +200,10 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
 #define ALLOC_FROM_POOL(name)                                                                    \
     CUresult name(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {              \
         REAL_OR_FAIL(name);                                                                      \
-        int pos_ = cgpu_env_ok && dptr && bytes && pool && !capturing(s) ? cgpu_current_pos() : -1; \
-        pool_rec *r_ = pos_ >= 0 ? rec_of(pool, pos_) : NULL;                                    \
+        if (cgpu_env_ok && dptr && bytes && pool && capturing(s))                                \
+            return captured(real(dptr, bytes, pool, s), s, pool_device(pool), bytes);            \
+        int pos_ = cgpu_env_ok && dptr && bytes && pool ? cgpu_current_pos() : -1;              \
+        pool_rec *r_ = pos_ >= 0 ? rec_of(pool, pos_, cgpu_current_device()) : NULL;            \
         if (!r_ || r_->pos < 0)                                                                  \
             return real(dptr, bytes, pool, s);                                                   \
         POOL_ALLOC(r_, bytes, dptr, real(dptr, bytes, pool, s));                                 \
@@ -219,7 +248,17 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     CUresult r = real(pool, props);
     if (r == CUDA_SUCCESS && cgpu_env_ok && props)
         rec_of(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? cgpu_device_pos(props->location.id, -1)
-                                                                           : -1);
+                                                                           : -1, props->location.id);
+    return r;
+}
+
+/* Another process's memory: never counted here (above). */
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle, CUmemAllocationHandleType type,
+                                            unsigned long long flags) {
+    REAL_OR_FAIL(cuMemPoolImportFromShareableHandle);
+    CUresult r = real(pool, handle, type, flags);
+    if (r == CUDA_SUCCESS && cgpu_env_ok && pool)
+        rec_of(*pool, -1, -1);
     return r;
 }
 

@@ -107,3 +107,25 @@ def test_every_memory_family_under_asan(native_asan: Native, daemon_factory: typ
     steps = [fields(ln) for ln in res.stdout.splitlines()]
     assert all(s["ledger"] == s["held"] for s in steps), steps
     assert [s["name"] for s in steps if s["rc"] == "2"] == ["async", "managed", "array3d", "vmm"], steps
+
+
+def test_graph_memory_and_imported_pools_under_asan(native_asan: Native, daemon_factory: type, tmp_path: Path) -> None:
+    """progs/mem_families.c, ASan-built, under the ASan-built shim and fakes: graphs with captured and explicit
+    allocation nodes uploaded, launched past the limit, left live, freed, destroyed and trimmed; a pool exported and
+    imported back into the same process, allocated from (refused) and freed."""
+    from libcgpu_client.native import build as nb
+    from tests.native.conftest import PROGS, fields
+
+    prog = nb.build_program([PROGS / "mem_families.c"], tmp_path / "mem_families", asan=True,
+                            link_cuda=native_asan.fakes)
+    d = daemon_factory.start(*DAEMON)
+    res = subprocess.run([str(prog), "capture=300M,free", "upload", "launch", "capture=800M", "launch", "gdestroy",
+                          "capture=200M,auto", "launch", "launch", "gfree", "sync", "node=100M", "launch", "gfree",
+                          "sync", "gtrim", "gdestroy", "gdestroy", "gdestroy", "gtrim", "export=100M", "import=self",
+                          "importalloc=10M", "importfree", "freeasync", "ctxsync"],
+                         env=native_asan.env(d, CGPU_INSTANCE="gfam", CGPU_MEM_LIMIT="1GiB", FAKECUDA_CTX_MB="100"),
+                         capture_output=True, text=True, timeout=120)
+    clean(res)
+    steps = [fields(ln) for ln in res.stdout.splitlines()]
+    assert all(s["ledger"] == s["held"] for s in steps), steps
+    assert [(s["name"], s["rc"]) for s in steps if s["rc"] != "0"] == [("launch", "2"), ("importalloc", "1")], steps

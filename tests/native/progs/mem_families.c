@@ -27,9 +27,25 @@
  *                      into the pool and synchronised; prints total= and bytes= too
  *   churn=N,SIZE       N cuMemAllocAsync + cuMemFreeAsync pairs of SIZE on the stream, then a synchronisation;
  *                      prints ns= per pair (what the pool accounting costs when the pool has room)
+ *   capture=SIZE[,free][,auto][,upload]  a graph captured on the stream: cuMemAllocAsync of SIZE (an allocation
+ *                      node), with free: cuMemFreeAsync of it too (a free node); instantiated (auto: with
+ *                      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH; upload: by cuGraphInstantiateWithParams with
+ *                      CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD into the stream); it becomes the last graph
+ *   node=SIZE          a graph of one cuGraphAddMemAllocNode on device 0, instantiated
+ *   upload launch      cuGraphUpload / cuGraphLaunch of the last graph, on the stream
+ *   gfree              cuMemFreeAsync of every graph allocation a launch left live (those without a free node)
+ *   gtrim              cuDeviceGraphMemTrim(0)      gdestroy   cuGraphExecDestroy + cuGraphDestroy of the last graph
+ *                      (graph actions print greserved=, the graph memory pool's CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+ *   export=SIZE        a pool exportable as a POSIX file descriptor, SIZE allocated from it and synchronised, the
+ *                      pool and the allocation exported: prints pid=, fd= and data= (the export data, in hex)
+ *   import=PID,FD,HEX  the pool imported from /proc/PID/fd/FD, then the allocation of export data HEX
+ *                      (import=self: this process's own last export)
+ *   importalloc=SIZE   cuMemAllocFromPoolAsync from the imported pool (which the driver refuses)
+ *   importfree         cuMemFreeAsync of every imported allocation, then a stream synchronisation
  *   ready sleep=MS
  * SIZE: bytes, or with K/M/G (binary). The context is device 0's primary context; "ctx" is printed first. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +83,22 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTO
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuGraphCreate(CUgraph *, unsigned);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+CUresult cuGraphUpload(CUgraphExec, CUstream);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphDestroy(CUgraph);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice, CUgraphMem_attribute, void *);
+CUresult cuMemPoolExportToShareableHandle(void *, CUmemoryPool, CUmemAllocationHandleType, unsigned long long);
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *, void *, CUmemAllocationHandleType, unsigned long long);
+CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *, CUdeviceptr);
+CUresult cuMemPoolImportPointer(CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *);
 int64_t fakecuda_used_bytes(int phys); /* the fake's, for tests */
 
 enum { K_PTR, K_ARRAY, K_MIPMAP, K_HANDLE };
@@ -93,7 +125,82 @@ static void keep(int kind, uint64_t v) {
         things[nthings++] = (thing){kind, v};
 }
 
-static char extra[128]; /* more of the action's results, printed after its name */
+static char extra[256]; /* more of the action's results, printed after its name */
+
+/* Graphs: each made by capture= or node=, the last one acted on. */
+static struct {
+    CUgraph g;
+    CUgraphExec e;
+    CUdeviceptr p;  /* its allocation */
+    int freed_in;   /* it has a free node for it */
+} graphs[64];
+static int ngraphs;
+static CUdeviceptr glive[64]; /* graph allocations a launch left live */
+static int nglive;
+
+static CUresult graph_action(const char *a, const char *v, CUstream stream) {
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    size_t n = v ? size_of(v) : 0;
+    if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0) {
+        if (ngraphs == 64)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        CUgraph g = NULL;
+        CUdeviceptr p = 0;
+        int freed = a[0] == 'c' && strstr(v, ",free") != NULL;
+        if (a[0] == 'c') {
+            r = cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+            CUresult in = r == CUDA_SUCCESS ? cuMemAllocAsync(&p, n, stream) : r;
+            if (in == CUDA_SUCCESS && freed)
+                in = cuMemFreeAsync(p, stream);
+            if (r == CUDA_SUCCESS)
+                r = cuStreamEndCapture(stream, &g);
+            if (r == CUDA_SUCCESS)
+                r = in;
+        } else {
+            CUgraphNode node;
+            CUDA_MEM_ALLOC_NODE_PARAMS params = {
+                .poolProps = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}},
+                .bytesize = n};
+            r = cuGraphCreate(&g, 0);
+            if (r == CUDA_SUCCESS)
+                r = cuGraphAddMemAllocNode(&node, g, NULL, 0, &params);
+            p = params.dptr;
+        }
+        CUgraphExec e = NULL;
+        unsigned long long flags = strstr(v, ",auto") ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {.flags = flags | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+                                                .hUploadStream = stream};
+        if (r == CUDA_SUCCESS)
+            r = strstr(v, ",upload") ? cuGraphInstantiateWithParams(&e, g, &params)
+                                     : cuGraphInstantiateWithFlags(&e, g, flags);
+        if (r != CUDA_SUCCESS && g)
+            cuGraphDestroy(g);
+        if (r == CUDA_SUCCESS) {
+            graphs[ngraphs].g = g;
+            graphs[ngraphs].e = e;
+            graphs[ngraphs].p = p;
+            graphs[ngraphs++].freed_in = freed;
+        }
+    } else if (ngraphs == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    } else if (strcmp(a, "upload") == 0) {
+        r = cuGraphUpload(graphs[ngraphs - 1].e, stream);
+    } else if (strcmp(a, "launch") == 0) {
+        r = cuGraphLaunch(graphs[ngraphs - 1].e, stream);
+        int known = 0;
+        for (int k = 0; k < nglive; k++)
+            known |= glive[k] == graphs[ngraphs - 1].p;
+        if (r == CUDA_SUCCESS && !graphs[ngraphs - 1].freed_in && !known && nglive < 64)
+            glive[nglive++] = graphs[ngraphs - 1].p;
+    } else if (strcmp(a, "gdestroy") == 0) {
+        ngraphs--;
+        r = cuGraphExecDestroy(graphs[ngraphs].e);
+        if (r == CUDA_SUCCESS)
+            r = cuGraphDestroy(graphs[ngraphs].g);
+    }
+    return r;
+}
+
 
 static void report(const char *what, CUresult r) {
     size_t free_b = 0, total = 0;
@@ -102,6 +209,42 @@ static void report(const char *what, CUresult r) {
            (long long)(total - free_b));
     extra[0] = 0;
     fflush(stdout);
+}
+
+/* IPC pools: this process's last export, and what it imported. */
+static int export_fd = -1;
+static CUmemPoolPtrExportData export_data;
+static CUmemoryPool ipool;
+static CUdeviceptr imported[64];
+static int nimported;
+
+/* import=PID,FD,HEX or import=self */
+static CUresult import_from(const char *v) {
+    CUmemPoolPtrExportData data = export_data;
+    int fd = export_fd, opened = -1;
+    if (strcmp(v, "self") != 0) {
+        int pid = 0, xfd = 0, used = 0;
+        if (sscanf(v, "%d,%d,%n", &pid, &xfd, &used) < 2 || strlen(v + used) != 2 * sizeof data.reserved)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (size_t k = 0; k < sizeof data.reserved; k++) {
+            unsigned byte;
+            sscanf(v + used + 2 * k, "%2x", &byte);
+            data.reserved[k] = (unsigned char)byte;
+        }
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, xfd);
+        fd = opened = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    CUresult r = cuMemPoolImportFromShareableHandle(&ipool, (void *)(intptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (opened >= 0)
+        close(opened);
+    CUdeviceptr p = 0;
+    if (r == CUDA_SUCCESS)
+        r = cuMemPoolImportPointer(&p, ipool, &data);
+    if (r == CUDA_SUCCESS && nimported < 64)
+        imported[nimported++] = p;
+    return r;
 }
 
 int main(int argc, char **argv) {
@@ -237,6 +380,48 @@ int main(int argc, char **argv) {
                 r = cuStreamSynchronize(stream);
             double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
             snprintf(extra, sizeof extra, "ns=%.0f ", n ? ns / (double)n : 0.0);
+        } else if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0 || strcmp(a, "upload") == 0 ||
+                   strcmp(a, "launch") == 0 || strcmp(a, "gdestroy") == 0 || strcmp(a, "gfree") == 0 ||
+                   strcmp(a, "gtrim") == 0) {
+            if (strcmp(a, "gfree") == 0) {
+                r = CUDA_SUCCESS;
+                for (int k = 0; k < nglive; k++)
+                    r |= cuMemFreeAsync(glive[k], stream);
+                nglive = 0;
+            } else {
+                r = strcmp(a, "gtrim") == 0 ? cuDeviceGraphMemTrim(0) : graph_action(a, v, stream);
+            }
+            cuuint64_t reserved = 0;
+            cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
+            snprintf(extra, sizeof extra, "greserved=%llu ", (unsigned long long)reserved);
+        } else if (strcmp(a, "export") == 0) {
+            CUmemPoolProps props = {.allocType = 1, .handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+            CUmemoryPool xpool = NULL;
+            r = cuMemPoolCreate(&xpool, &props);
+            if (r == CUDA_SUCCESS)
+                r = cuMemAllocFromPoolAsync(&p, n, xpool, stream);
+            if (r == CUDA_SUCCESS)
+                r = cuStreamSynchronize(stream);
+            if (r == CUDA_SUCCESS)
+                r = cuMemPoolExportToShareableHandle(&export_fd, xpool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            if (r == CUDA_SUCCESS)
+                r = cuMemPoolExportPointer(&export_data, p);
+            char hex[2 * sizeof export_data.reserved + 1];
+            for (size_t k = 0; k < sizeof export_data.reserved; k++)
+                snprintf(hex + 2 * k, 3, "%02x", export_data.reserved[k]);
+            snprintf(extra, sizeof extra, "pid=%d fd=%d data=%s ", (int)getpid(), export_fd, hex);
+        } else if (strcmp(a, "import") == 0) {
+            r = import_from(v);
+        } else if (strcmp(a, "importalloc") == 0) {
+            r = cuMemAllocFromPoolAsync(&p, n, ipool, stream);
+        } else if (strcmp(a, "importfree") == 0) {
+            r = CUDA_SUCCESS;
+            for (int k = 0; k < nimported; k++)
+                r |= cuMemFreeAsync(imported[k], stream);
+            nimported = 0;
+            if (r == CUDA_SUCCESS)
+                r = cuStreamSynchronize(stream);
         } else if (strcmp(a, "ready") == 0) {
             r = CUDA_SUCCESS;
         } else if (strcmp(a, "sleep") == 0) {
