@@ -506,7 +506,11 @@ class GangBook:
                 # its own, from before it was a gang or from its last turn (a kernel spinning for a peer): it runs
                 # on as this turn's
                 if now > own.deadline_ns:
+                    # what it held past its deadline is its gang's, as a lease's end would bill it: the deadline
+                    # moves now, so its end would not (unbilled, a gang stranded at every turn's end was first
+                    # again each time, and the other gang on its pair never ran)
                     self._spun(g, gang.name, now - own.deadline_ns)
+                    gang.credit -= (now - own.deadline_ns) / len(gang.gpus)
                 own.deadline_ns, own.nominal_ns, own.owner = end, None, self
                 effects += [GrantLease(c, g, own.id, end, 0) for c in sorted(own.clients)]
                 gang.turn[g] = own

@@ -6,12 +6,11 @@
  * then waits for the peer's, spinning and holding its GPU, until the gang's next turn, a round later. So every
  * process of the instance counts, per GPU, the collective kernels it has launched (launch.c says which are), on a
  * board in shared memory beside the deadline of the turn it holds. The first rank to take its slow path past a
- * turn's deadline (or its revoke) fixes the turn's *stop*: the most collectives any rank of that turn (a slot
- * holding the same deadline) has launched. Past the deadline a rank still launches while it has launched fewer
- * (it catches up with the collective its peers wait in), and a collective up to the stop, for 100 ms at most;
- * then it stops. A
- * collective is counted before its rank reads its deadline, so a rank that launched one in time is always seen
- * by the rank that fixes the stop, which read the clock later.
+ * turn's deadline fixes the turn's *stop*: the most collectives a rank still holding that turn (a slot with the
+ * same deadline) has launched. Past the deadline a rank one collective short of the stop still launches, up to and
+ * including that collective (it catches up with the collective its peers wait in), for 100 ms at most; then it
+ * stops. A collective is counted before its rank reads its deadline, so a rank that launched one in time is
+ * always seen by the rank that fixes the stop, which read the clock later. A revoked lease does not catch up.
  *
  * The board is /dev/shm/cgpu-board-UID-INSTANCE (mode 0600, the instance the daemon resolved at registration):
  * one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel: every rank
@@ -30,8 +29,10 @@
 
 #include "shim.h"
 
-#define BOARD_MAGIC 0x63677062u /* "cgpb" */
+#define BOARD_MAGIC 0x63677032u /* "cgp2" */
 #define BOARD_SLOTS 256
+#define BOARD_TURNS 16 /* the stops of the instance's recent turns (a GPU outside the gang has turns of its own) */
+#define LOCK_NS (20 * 1000000LL) /* the longest a rank waits for the board's lock; then it does not catch up */
 /* The longest a rank goes on past its turn's deadline to catch up: a step's part of a turn, well inside
  * overrun_ms (500 ms by default), where arbiterd cuts a holder off. Ranks whose collectives do not correspond one
  * to one would otherwise run on to it. */
@@ -47,9 +48,12 @@ struct board_slot {
 struct board {
     _Atomic uint32_t magic; /* set once the mutex is ready */
     uint32_t slots;
-    pthread_mutex_t mu; /* robust, process-shared: guards key and stop */
-    int64_t key;        /* the turn whose stop is fixed */
-    uint64_t stop;
+    pthread_mutex_t mu; /* robust, process-shared: guards turn and next */
+    struct {
+        int64_t key; /* a turn whose stop is fixed (0: none) */
+        uint64_t stop;
+    } turn[BOARD_TURNS];
+    uint32_t next;
     struct board_slot slot[BOARD_SLOTS];
 };
 
@@ -127,9 +131,18 @@ static struct board *open_board(void) {
     return B.b;
 }
 
-static void lock(struct board *b) {
-    if (pthread_mutex_lock(&b->mu) == EOWNERDEAD)
-        pthread_mutex_consistent(&b->mu); /* a process died holding it: key and stop are written whole last */
+/* 1 with the board's lock held; 0 when another process kept it LOCK_NS (a rank of the instance wedged there, or a
+ * process of the same uid holding it on purpose: nobody waits on it for long). */
+static int lock(struct board *b) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += LOCK_NS;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    int r = pthread_mutex_timedlock(&b->mu, &until);
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&b->mu); /* a process died holding it: a stop is written whole, key last */
+    return r == 0 || r == EOWNERDEAD;
 }
 
 static int alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
@@ -143,7 +156,8 @@ static struct board_slot *slot_of(int pos) {
         return NULL;
     int32_t me = (int32_t)getpid();
     struct board_slot *got = NULL;
-    lock(b);
+    if (!lock(b))
+        return NULL;
     for (int i = 0; i < BOARD_SLOTS && !got; i++) {
         struct board_slot *s = &b->slot[i];
         int32_t owner = atomic_load(&s->pid);
@@ -171,16 +185,17 @@ void cgpu_board_turn(int pos, int64_t key) {
         atomic_store(&s->key, key);
 }
 
-void cgpu_board_launch(int pos) {
+int cgpu_board_launch(int pos) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
     if (!s) {
         pthread_mutex_lock(&B.mu);
         s = slot_of(pos);
         pthread_mutex_unlock(&B.mu);
         if (!s)
-            return;
+            return 0;
     }
     atomic_fetch_add(&s->colls, 1);
+    return 1;
 }
 
 void cgpu_board_unlaunch(int pos) {
@@ -189,28 +204,42 @@ void cgpu_board_unlaunch(int pos) {
         atomic_fetch_sub(&s->colls, 1);
 }
 
+/* Under the board's lock: the stop of turn key, fixed by the first rank to ask. It is the most collectives a rank
+ * still holding the turn has launched (the asking rank's pending one left out: it is what is being decided), so
+ * a rank that is nobody's peer (a GPU outside any gang, its peers gone) stops where it is. */
+static uint64_t stop_of(struct board *b, struct board_slot *me, int64_t key, uint64_t launched) {
+    for (int i = 0; i < BOARD_TURNS; i++)
+        if (b->turn[i].key == key)
+            return b->turn[i].stop;
+    uint64_t stop = launched;
+    for (int i = 0; i < BOARD_SLOTS; i++) {
+        struct board_slot *o = &b->slot[i];
+        uint64_t n = atomic_load(&o->colls);
+        if (o != me && atomic_load(&o->key) == key && n > stop && alive(atomic_load(&o->pid)))
+            stop = n;
+    }
+    uint32_t at = b->next++ % BOARD_TURNS;
+    b->turn[at].key = 0;
+    b->turn[at].stop = stop;
+    b->turn[at].key = key;
+    return stop;
+}
+
 int cgpu_board_may_finish(int pos, int coll) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
     int64_t key = atomic_load(&B.key[pos]);
     if (!s || !key || cgpu_now() > key + CATCH_UP_NS)
         return 0; /* no collective of this process on this GPU, no turn held, or caught up long enough */
     struct board *b = B.b;
-    lock(b);
-    if (b->key != key) {
-        uint64_t stop = 0;
-        for (int i = 0; i < BOARD_SLOTS; i++) {
-            struct board_slot *o = &b->slot[i];
-            uint64_t n = atomic_load(&o->colls);
-            if (atomic_load(&o->key) == key && n > stop && alive(atomic_load(&o->pid)))
-                stop = n;
-        }
-        b->stop = stop;
-        b->key = key;
-    }
-    uint64_t stop = b->stop;
+    uint64_t launched = atomic_load(&s->colls) - (coll ? 1 : 0);
+    if (!lock(b))
+        return 0;
+    uint64_t stop = stop_of(b, s, key, launched);
     pthread_mutex_unlock(&b->mu);
-    uint64_t mine = atomic_load(&s->colls);
-    return coll ? mine <= stop : mine < stop;
+    /* only the collective the stop is, and what leads to it: a rank further behind has counts that no longer
+     * correspond to its peers' (a restarted rank, two jobs in one instance, pipeline stages), and catching up
+     * would launch collectives nobody meets */
+    return stop == launched + 1;
 }
 
 void cgpu_board_after_fork(void) {
@@ -229,7 +258,8 @@ __attribute__((destructor)) static void board_exit(void) {
         return;
     int32_t me = (int32_t)getpid();
     int others = 0;
-    lock(b);
+    if (!lock(b))
+        return;
     for (int i = 0; i < BOARD_SLOTS; i++) {
         int32_t owner = atomic_load(&b->slot[i].pid);
         if (owner == me)

@@ -81,7 +81,7 @@ int cgpu_gate_slow(cgpu_gate *g, int coll) {
             return 0;
         }
         if (connected) {
-            if (g->lease && cgpu_board_may_finish(g->pos, coll)) {
+            if (g->lease && !g->revoked && cgpu_board_may_finish(g->pos, coll)) {
                 /* past the turn's end, but a peer of its gang waits in a collective this rank has yet to
                  * launch (board.c): it goes on until it has, billed as the turn's overrun */
                 atomic_fetch_add(&g->inflight, 1);
@@ -104,7 +104,7 @@ int cgpu_gate_slow(cgpu_gate *g, int coll) {
         if (!g->ctx || g->lease == 0)
             g->ctx = dev.current();
         if (coll)
-            cgpu_board_launch(g->pos);
+            coll = cgpu_board_launch(g->pos);
     }
 }
 

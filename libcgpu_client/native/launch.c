@@ -73,9 +73,7 @@ static int collective(CUfunction f, CUstream stream) {
         if (pos_ < 0)                                                \
             return call;                                             \
         cgpu_gate *g_ = &cgpu_gates[pos_];                           \
-        int coll_ = (coll);                                          \
-        if (coll_)                                                   \
-            cgpu_board_launch(pos_);                                 \
+        int coll_ = (coll) && cgpu_board_launch(pos_);               \
         int counted_ = cgpu_gate_enter(g_) ? 1 : slow(g_, stream, coll_); \
         if (counted_ < 0)                                            \
             return CGPU_REFUSED_ERROR;                               \

@@ -48,10 +48,12 @@ CGPU_HIDDEN void cgpu_captures_after_fork(void);
 /* ---------------------------------------------------------------- board.c */
 /* Where a gang turn stops: each process's collectives per GPU, beside the turn (deadline) it holds. */
 CGPU_HIDDEN void cgpu_board_turn(int pos, int64_t key); /* the turn held on GPU pos (its deadline); 0: none */
-CGPU_HIDDEN void cgpu_board_launch(int pos);   /* a collective is about to be launched (before its gate) */
-CGPU_HIDDEN void cgpu_board_unlaunch(int pos); /* ... and was not */
-/* Past the turn's end with its lease held: 1 while this process has launched fewer collectives on GPU pos than
- * the turn's stop (a collective: no more than it), so the launch goes on. */
+/* A collective is about to be launched (before its gate): 1 when counted (then, if it is not launched,
+ * cgpu_board_unlaunch). */
+CGPU_HIDDEN int cgpu_board_launch(int pos);
+CGPU_HIDDEN void cgpu_board_unlaunch(int pos);
+/* Past the turn's end with its lease held: 1 while this process is one collective short of the turn's stop on GPU
+ * pos (coll: the launch is that collective, counted), so the launch goes on. */
 CGPU_HIDDEN int cgpu_board_may_finish(int pos, int coll);
 CGPU_HIDDEN void cgpu_board_after_fork(void);
 

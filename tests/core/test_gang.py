@@ -77,6 +77,26 @@ def test_two_gangs_whose_ranks_lag_take_turns_in_turn(lag_ms: float) -> None:
     assert abs(r.jobs["J1"].share[0] - r.jobs["J2"].share[0]) * 100 < TOL_PP
 
 
+@pytest.mark.xfail(strict=True, reason="open defect: without agreement on where a turn stops (no board), a gang "
+                   "stranded at every turn's end holds a GPU its neighbour gang needs until its own next turn")
+@pytest.mark.parametrize(("op_ms", "lag_ms"), [(2.0, 3.0), (5.0, 5.0)])
+def test_a_gang_stranded_at_every_turns_end_does_not_starve_its_neighbour(op_ms: float, lag_ms: float) -> None:
+    """J1 and J2 alone on GPUs 0 and 1, each with its rank on GPU 1 a step or more behind the other (the host's part
+    of a step as long as the step), and no agreement on where a turn stops (the simulated ranks do not count
+    collectives, as processes outside libcgpu.so, or with collectives it does not name, do not): at every turn's
+    end a collective on GPU 0 waits for its peer. J2 makes no step: J1's stranded lease holds GPU 0 until J1's next
+    turn, which comes first and strands again (a review's reproducer). Catch-up leases for the waiting rank fixed it
+    here but, on the fake driver beside real noise, stalled two gangs on a pair for 400-600 ms in 2 sittings of 4:
+    not kept. Its adopted time is billed now (it was not)."""
+    lag = int(lag_ms * NS_PER_MS)
+    jobs = [SimJob(n, (0, 1), workload=busy(op_ms), lag_ns=(0, lag)) for n in ("J1", "J2")]
+    r = simulate_gangs(2, jobs, seconds=8, policy=1, slice_ms=20)
+    assert min(r.jobs[n].steps for n in ("J1", "J2")) > 200
+    assert abs(r.jobs["J1"].share[0] - r.jobs["J2"].share[0]) * 100 < TOL_PP
+    for name in ("J1", "J2"):
+        assert r.jobs[name].max_stall_ns <= 2 * 20 * NS_PER_MS + 2 * int((op_ms + lag_ms) * NS_PER_MS)
+
+
 def test_two_gangs_alone_share_the_pair_without_idle() -> None:
     """Two gangs alone on a pair: 50 / 50 and no GPU idles (the time one does not take goes to the other)."""
     r = simulate_gangs(2, [SimJob("J1", (0, 1)), SimJob("J2", (0, 1))], seconds=6, slice_ms=10)

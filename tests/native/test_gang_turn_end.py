@@ -3,7 +3,7 @@
 Job J has a process on each of two fake GPUs (as torchrun starts them) and ends every step with the fake driver's
 collective, named as NCCL names its kernels; its rank on GPU 1 spends 1 ms on the host before each step, so at a
 turn's deadline one rank has often launched a step's collective and the other has not. A on GPU 0 and B on GPU 1
-share the GPUs with it, at the daemon's defaults (gangs on) but for 40 ms slices (a round of 80 ms on each GPU).
+share the GPUs with it, at the daemon's defaults (gangs on) but for 80 ms slices (a round of 160 ms on each GPU).
 Without agreement the collective launched in time spins, holding its GPU, until the gang's next turn (most of a
 round); with the board the late rank launches up to that collective and both stop there. Each collective's longest
 wait is read from the fake driver's record."""
@@ -21,7 +21,7 @@ from cgpu_testing.daemon import DaemonProc
 from tests.native.conftest import Native
 
 SLOT = struct.Struct("5Q")  # fakecoll.c: started, spin_ns, count, work_ns, max_spin_ns per physical device
-STRAND_MS = 25  # a strand waits for the gang's next turn: A's or B's turn, 40 ms
+STRAND_MS = 40  # a strand waits for the gang's next turn: A's or B's turn, 80 ms
 
 
 class Job:
@@ -92,7 +92,7 @@ class Job:
 
 def _run(n: Native, tmp_path: Path, counting: str, seconds: float) -> tuple[list[float], float, list[int], str]:
     tag = f"te{os.getpid()}{counting[:2]}{int(n.asan)}"
-    with DaemonProc(tmp_path / "d", "--sim-gpus", "2x16GiB", "--identity", "declared", "--slice-ms", "40") as d:
+    with DaemonProc(tmp_path / "d", "--sim-gpus", "2x16GiB", "--identity", "declared", "--slice-ms", "80") as d:
         job = Job(n, d, tag, counting)
         try:
             job.say("run")
@@ -112,7 +112,7 @@ def _run(n: Native, tmp_path: Path, counting: str, seconds: float) -> tuple[list
 
 def test_ranks_stop_at_the_same_collective(native: Native, tmp_path: Path) -> None:
     longest, round_ms, steps, errs = _run(native, tmp_path, "nccl", 3.0)
-    assert round_ms == 80
+    assert round_ms == 160
     assert max(longest) < STRAND_MS, (longest, round_ms)
     assert abs(steps[0] - steps[1]) <= 1 and min(steps) > 100
     assert "left:" not in errs  # the last rank to exit removed the board
