@@ -97,6 +97,18 @@ def test_a_gang_stranded_at_every_turns_end_does_not_starve_its_neighbour(op_ms:
         assert r.jobs[name].max_stall_ns <= 2 * 20 * NS_PER_MS + 2 * int((op_ms + lag_ms) * NS_PER_MS)
 
 
+@pytest.mark.xfail(strict=True, reason="open defect: a gang with bursts shorter than its turn leaves its GPUs' other "
+                   "tenants short of what it does not use")
+def test_a_gang_whose_work_comes_in_short_bursts_leaves_its_gpus_to_the_others() -> None:
+    """J on GPUs 0 and 1 works 12 ms in every 20 (0.5 ms steps), A on GPU 0 and B on GPU 1 always: J is entitled to
+    50 % while it works, 30 % in all, and A and B to the rest, 70 %. Measured: J 40 %, A and B 50 %: 20 % of each GPU
+    is lost between J's bursts and the aligned turns (found while checking a refund of a turn's unused end, which
+    moved one mix nearer and another further: not kept)."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1), workload=bursty(0.5, 12, 8)), SimJob("A", (0,)), SimJob("B", (1,))],
+                       seconds=10, policy=4, slice_ms=10)
+    assert r.max_error_pp() < 2
+
+
 def test_two_gangs_alone_share_the_pair_without_idle() -> None:
     """Two gangs alone on a pair: 50 / 50 and no GPU idles (the time one does not take goes to the other)."""
     r = simulate_gangs(2, [SimJob("J1", (0, 1)), SimJob("J2", (0, 1))], seconds=6, slice_ms=10)
