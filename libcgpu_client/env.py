@@ -37,11 +37,15 @@ VARIABLES = {
     "CGPU_DEVICE": "auto (default), cuda, or cpu (the CPU acts as the simulated GPU)",
     "CGPU_TORCH_HOOK": "how the CPU as simulated GPU gates PyTorch: dispatch (default), operator or module",
     "CGPU_NATIVE": "1 when libcgpu.so is preloaded and enforces CUDA itself (set by cgpu-run)",
-    "CGPU_COLLECTIVE_KERNELS": "kernels whose name contains one of these (comma-separated; default nccl) are "
+    "CGPU_COLLECTIVE_KERNELS": "kernels whose name contains one of these (comma-separated; default "
+                               "nccl,cross_device_reduce) are "
                                "collectives, counted so that a job's ranks end a gang turn at the same one; none: "
                                "no counting",
 }
 DEFAULT_SOCKET = "/run/cgpu/arbiter.sock"
+# NCCL's kernels (ncclKernel_* to 2.18, ncclDevKernel_* from 2.19) and vLLM's and SGLang's custom all-reduce
+# (vllm::cross_device_reduce_1stage and _2stage, mangled)
+COLLECTIVES = ("nccl", "cross_device_reduce")
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{4,80}")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -140,7 +144,7 @@ class ClientEnv:
     torch_hook: str = "dispatch"
     core_percent: int = 0  # a GPU-core percentage (weight is core_percent // 5); 0: none
     limit: int = 0  # CGPU_CORE_LIMIT: the most GPU time (%) it asks to be held to; 0: none stated
-    collectives: tuple[str, ...] = ("nccl",)  # CGPU_COLLECTIVE_KERNELS: parts of collective kernels' names
+    collectives: tuple[str, ...] = COLLECTIVES  # CGPU_COLLECTIVE_KERNELS: parts of collective kernels' names
 
 
 def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
@@ -207,7 +211,7 @@ def parse_env(environ: Mapping[str, str] | None = None) -> ClientEnv:
     if "\0" in sock or len(sock) > 107:
         raise _bad("CGPU_SOCKET", sock, "a UNIX socket path of at most 107 bytes")
     limit = parse_int("CGPU_CORE_LIMIT", v, 5, 100) if (v := get("CGPU_CORE_LIMIT")) else 0
-    collectives = parse_collectives(v) if (v := get("CGPU_COLLECTIVE_KERNELS")) is not None else ("nccl",)
+    collectives = parse_collectives(v) if (v := get("CGPU_COLLECTIVE_KERNELS")) is not None else COLLECTIVES
     return ClientEnv(disabled, sock, instance, tuple(gpus), weight, highprio, tuple(mem), mem_dev,
                      loss, idle_ms, device, native, torch_hook, core, limit, collectives)
 

@@ -74,3 +74,9 @@ def test_a_core_percentage_is_a_weight_of_p_over_5() -> None:
 def test_a_core_percentage_and_a_weight_together_are_refused() -> None:
     with pytest.raises(EnvError, match="either it or ALIYUN_COM_GPU_SCHD_WEIGHT, not both"):
         parse_env({"CGPU_CORE_PERCENT": "30", "ALIYUN_COM_GPU_SCHD_WEIGHT": "2"})
+
+
+def test_collectives_default_to_nccls_kernels_and_vllms_custom_all_reduce() -> None:
+    assert parse_env({}).collectives == ("nccl", "cross_device_reduce")
+    assert parse_env({"CGPU_COLLECTIVE_KERNELS": "none"}).collectives == ()
+    assert parse_env({"CGPU_COLLECTIVE_KERNELS": " a , b_2 "}).collectives == ("a", "b_2")

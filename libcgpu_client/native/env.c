@@ -139,8 +139,9 @@ int cgpu_parse_env(const char *(*get)(const char *), cgpu_env *e, char *err, int
     e->weight = 1;
     e->idle_ms = 3.0;
     snprintf(e->device, sizeof e->device, "auto");
-    e->ncoll = 1;
+    e->ncoll = 2; /* env.py's COLLECTIVES */
     snprintf(e->coll[0], sizeof e->coll[0], "nccl");
+    snprintf(e->coll[1], sizeof e->coll[1], "cross_device_reduce");
 
     if ((v = lookup(get, "CGPU_DISABLE")) && parse_bool("CGPU_DISABLE", v, &e->disabled, err, errlen))
         return -1;
