@@ -12,9 +12,9 @@
  * stops. A collective is counted before its rank reads its deadline, so a rank that launched one in time is
  * always seen by the rank that fixes the stop, which read the clock later. A revoked lease does not catch up.
  *
- * The board is /dev/shm/cgpu-board-UID-INSTANCE (mode 0600, the instance the daemon resolved at registration):
- * one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel: every rank
- * takes part in each). A slot belongs to a process and a GPU position; a dead process's slot is taken over. Where
+ * The board is /dev/shm/cgpu-board-UID-INSTANCE-HASH (mode 0600, the instance the daemon resolved at
+ * registration): one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel:
+ * every rank takes part in each). A slot belongs to a process and a GPU position; a dead process's slot is taken over. Where
  * the board cannot be opened, or the driver names no kernel, there is no agreement: a stranded collective waits
  * for the next turn, as without the board. */
 #define _GNU_SOURCE
@@ -65,9 +65,14 @@ static struct {
     _Atomic int64_t key[CGPU_MAX_GPUS]; /* the deadline of each gate's turn, kept before a slot exists */
 } B = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* /cgpu-board-UID-NAME-HASH: NAME the instance's first 100 characters, those not [A-Za-z0-9._-] as _, and HASH
+ * (FNV-1a, 64 bits) of the whole name, so that names alike there still have boards of their own. */
 static void board_path(char *out, size_t n) {
     const char *inst = cgpu_conn_instance();
-    char safe[160];
+    char safe[101];
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *c = inst; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ULL;
     size_t k = 0;
     for (; inst[k] && k < sizeof safe - 1; k++) {
         char c = inst[k];
@@ -75,7 +80,7 @@ static void board_path(char *out, size_t n) {
                           c == '_' || c == '.' ? c : '_';
     }
     safe[k] = 0;
-    snprintf(out, n, "/cgpu-board-%u-%s", (unsigned)geteuid(), safe);
+    snprintf(out, n, "/cgpu-board-%u-%s-%016llx", (unsigned)geteuid(), safe, (unsigned long long)h);
 }
 
 static struct board *map_board(int fd) {

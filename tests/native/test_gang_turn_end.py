@@ -106,7 +106,7 @@ def _run(n: Native, tmp_path: Path, counting: str, seconds: float) -> tuple[list
             steps = [job.steps(k, tmp_path / f"r{k}.json") for k in (0, 1)]
         finally:
             errs = job.close()
-        boards = list(Path("/dev/shm").glob(f"cgpu-board-*-J{tag}"))
+        boards = list(Path("/dev/shm").glob(f"cgpu-board-*-J{tag}-*"))
     return longest, round_ms, steps, "\n".join(errs) + "".join(f"\nleft: {b}" for b in boards)
 
 
