@@ -26,12 +26,6 @@ static __thread int thread_captures; /* begun by this thread and not ended */
 
 static void init_cv(void) { cgpu_cond_init(&cv); }
 
-static int is_capturing(CUstream s) {
-    __typeof__(cuStreamIsCapturing) *is = REAL(cuStreamIsCapturing);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return is && is(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* Begin under mu, so that no capture begins while a shim sync runs; count it when it began. */
 #define BEGIN(call)                        \
     do {                                   \
@@ -79,23 +73,23 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNo
 
 /* The capture is over once the stream captures no more, whether it ended valid or invalidated (an end from the
  * wrong thread leaves it open). An invalidated capture's graph is gone: graphmem.c forgets its memory nodes. */
-#define END(call)                                        \
-    do {                                                 \
-        int was_ = is_capturing(s);                      \
+#define END(call)                                                      \
+    do {                                                               \
+        int was_ = cgpu_stream_capturing(s);                           \
         CUgraph into_ = was_ ? cgpu_graph_mem_capture_graph(s) : NULL; \
-        CUresult r_ = call;                              \
-        if (r_ != CUDA_SUCCESS && into_)                 \
-            cgpu_graph_mem_forget(into_);                \
-        if (was_ && !is_capturing(s)) {                  \
-            pthread_mutex_lock(&mu);                     \
-            if (open_captures > 0)                       \
-                open_captures--;                         \
-            if (thread_captures > 0)                     \
-                thread_captures--;                       \
-            pthread_cond_broadcast(&cv);                 \
-            pthread_mutex_unlock(&mu);                   \
-        }                                                \
-        return r_;                                       \
+        CUresult r_ = call;                                            \
+        if (r_ != CUDA_SUCCESS && into_)                               \
+            cgpu_graph_mem_forget(into_);                              \
+        if (was_ && !cgpu_stream_capturing(s)) {                       \
+            pthread_mutex_lock(&mu);                                   \
+            if (open_captures > 0)                                     \
+                open_captures--;                                       \
+            if (thread_captures > 0)                                   \
+                thread_captures--;                                     \
+            pthread_cond_broadcast(&cv);                               \
+            pthread_mutex_unlock(&mu);                                 \
+        }                                                              \
+        return r_;                                                     \
     } while (0)
 
 CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {

@@ -253,6 +253,7 @@ CGPU_HIDDEN void *cgpu_real(int idx);
 
 CGPU_HIDDEN CUcontext cgpu_current_context(void);
 CGPU_HIDDEN void cgpu_sync_context(CUcontext ctx);
+CGPU_HIDDEN int cgpu_stream_capturing(CUstream s); /* capturing into a graph */
 /* The visible position (in ALIYUN_COM_GPU_VISIBLE_DEVICES) of CUDA device ordinal dev: the registered GPU with
  * the device's UUID; -1 when it is none of them. Learned once per device, after waiting for the registration up
  * to wait_ms (< 0: as the gates wait, for good unless CGPU_ON_DAEMON_LOSS=run). */

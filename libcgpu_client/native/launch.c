@@ -10,9 +10,7 @@
 #include "hooks.h"
 
 static int slow(cgpu_gate *g, CUstream stream, int coll) {
-    __typeof__(cuStreamIsCapturing) *capturing = REAL(cuStreamIsCapturing);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (capturing && capturing(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (cgpu_stream_capturing(stream))
         return 0; /* recorded into a graph, not run: the graph's launch is gated */
     return cgpu_gate_slow(g, coll);
 }
@@ -60,27 +58,23 @@ static int collective(CUfunction f, CUstream stream) {
                 break;
         }
     }
-    if (kind != 1)
-        return 0;
-    __typeof__(cuStreamIsCapturing) *capturing = REAL(cuStreamIsCapturing);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return !(capturing && capturing(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
+    return kind == 1 && !cgpu_stream_capturing(stream);
 }
 
-#define GATED(stream, coll, call)                                    \
-    do {                                                             \
-        int pos_ = cgpu_env_ok ? cgpu_current_pos() : -1;            \
-        if (pos_ < 0)                                                \
-            return call;                                             \
-        cgpu_gate *g_ = &cgpu_gates[pos_];                           \
-        int coll_ = (coll) && cgpu_board_launch(pos_);               \
+#define GATED(stream, coll, call)                                         \
+    do {                                                                  \
+        int pos_ = cgpu_env_ok ? cgpu_current_pos() : -1;                 \
+        if (pos_ < 0)                                                     \
+            return call;                                                  \
+        cgpu_gate *g_ = &cgpu_gates[pos_];                                \
+        int coll_ = (coll) && cgpu_board_launch(pos_);                    \
         int counted_ = cgpu_gate_enter(g_) ? 1 : slow(g_, stream, coll_); \
-        if (counted_ < 0)                                            \
-            return CGPU_REFUSED_ERROR;                               \
-        CUresult r_ = call;                                          \
-        if (counted_ > 0)                                            \
-            cgpu_gate_leave(g_);                                     \
-        return r_;                                                   \
+        if (counted_ < 0)                                                 \
+            return CGPU_REFUSED_ERROR;                                    \
+        CUresult r_ = call;                                               \
+        if (counted_ > 0)                                                 \
+            cgpu_gate_leave(g_);                                          \
+        return r_;                                                        \
     } while (0)
 
 #define LAUNCH_KERNEL(name)                                                                               \

@@ -123,12 +123,6 @@ void cgpu_pools_settle(void) {
     pthread_mutex_unlock(&recs_mu);
 }
 
-static int capturing(CUstream s) {
-    __typeof__(cuStreamIsCapturing) *is = REAL(cuStreamIsCapturing);
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return is && is(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* An allocation node captured on s (result r): graphmem.c counts it for device dev (-1: none, not counted). */
 static CUresult captured(CUresult r, CUstream s, CUdevice dev, size_t bytes) {
     if (r == CUDA_SUCCESS && dev >= 0)
@@ -179,34 +173,34 @@ static CUdevice pool_device(CUmemoryPool pool) {
         return res_;                                                                             \
     } while (0)
 
-#define ALLOC_ASYNC(name)                                                                        \
-    CUresult name(CUdeviceptr *dptr, size_t bytes, CUstream s) {                                 \
-        REAL_OR_FAIL(name);                                                                      \
-        __typeof__(cuDeviceGetMemPool) *current_ = REAL(cuDeviceGetMemPool);                     \
-        CUdevice dev_ = cgpu_env_ok && dptr && bytes ? cgpu_current_device() : -1;               \
-        if (dev_ >= 0 && capturing(s))                                                           \
-            return captured(real(dptr, bytes, s), s, dev_, bytes);                               \
-        int pos_ = dev_ >= 0 ? cgpu_device_pos(dev_, -1) : -1;                                   \
-        CUmemoryPool pool_ = NULL;                                                               \
-        pool_rec *r_ = pos_ >= 0 && current_ && current_(&pool_, dev_) == CUDA_SUCCESS           \
-                           ? rec_of(pool_, pos_, dev_) : NULL;                                   \
-        if (!r_ || r_->pos < 0)                                                                  \
-            return real(dptr, bytes, s);                                                         \
-        POOL_ALLOC(r_, bytes, dptr, real(dptr, bytes, s));                                       \
+#define ALLOC_ASYNC(name)                                                              \
+    CUresult name(CUdeviceptr *dptr, size_t bytes, CUstream s) {                       \
+        REAL_OR_FAIL(name);                                                            \
+        __typeof__(cuDeviceGetMemPool) *current_ = REAL(cuDeviceGetMemPool);           \
+        CUdevice dev_ = cgpu_env_ok && dptr && bytes ? cgpu_current_device() : -1;     \
+        if (dev_ >= 0 && cgpu_stream_capturing(s))                                     \
+            return captured(real(dptr, bytes, s), s, dev_, bytes);                     \
+        int pos_ = dev_ >= 0 ? cgpu_device_pos(dev_, -1) : -1;                         \
+        CUmemoryPool pool_ = NULL;                                                     \
+        pool_rec *r_ = pos_ >= 0 && current_ && current_(&pool_, dev_) == CUDA_SUCCESS \
+                           ? rec_of(pool_, pos_, dev_) : NULL;                         \
+        if (!r_ || r_->pos < 0)                                                        \
+            return real(dptr, bytes, s);                                               \
+        POOL_ALLOC(r_, bytes, dptr, real(dptr, bytes, s));                             \
     }
 ALLOC_ASYNC(cuMemAllocAsync)
 ALLOC_ASYNC(cuMemAllocAsync_ptsz)
 
-#define ALLOC_FROM_POOL(name)                                                                    \
-    CUresult name(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {              \
-        REAL_OR_FAIL(name);                                                                      \
-        if (cgpu_env_ok && dptr && bytes && pool && capturing(s))                                \
-            return captured(real(dptr, bytes, pool, s), s, pool_device(pool), bytes);            \
-        int pos_ = cgpu_env_ok && dptr && bytes && pool ? cgpu_current_pos() : -1;              \
-        pool_rec *r_ = pos_ >= 0 ? rec_of(pool, pos_, cgpu_current_device()) : NULL;            \
-        if (!r_ || r_->pos < 0)                                                                  \
-            return real(dptr, bytes, pool, s);                                                   \
-        POOL_ALLOC(r_, bytes, dptr, real(dptr, bytes, pool, s));                                 \
+#define ALLOC_FROM_POOL(name)                                                         \
+    CUresult name(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {   \
+        REAL_OR_FAIL(name);                                                           \
+        if (cgpu_env_ok && dptr && bytes && pool && cgpu_stream_capturing(s))         \
+            return captured(real(dptr, bytes, pool, s), s, pool_device(pool), bytes); \
+        int pos_ = cgpu_env_ok && dptr && bytes && pool ? cgpu_current_pos() : -1;    \
+        pool_rec *r_ = pos_ >= 0 ? rec_of(pool, pos_, cgpu_current_device()) : NULL;  \
+        if (!r_ || r_->pos < 0)                                                       \
+            return real(dptr, bytes, pool, s);                                        \
+        POOL_ALLOC(r_, bytes, dptr, real(dptr, bytes, pool, s));                      \
     }
 ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
 ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)

@@ -147,6 +147,13 @@ CUcontext cgpu_current_context(void) {
     return c;
 }
 
+/* Whether stream s is capturing into a graph (cuStreamIsCapturing): what is launched on it is recorded, not run. */
+int cgpu_stream_capturing(CUstream s) {
+    __typeof__(cuStreamIsCapturing) *is = REAL(cuStreamIsCapturing);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is && is(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Wait for ctx's queued work. A sync of a context while any of its streams is being captured is invalid in every
  * capture mode, and invalidates the capture (capture.c): it runs only once no capture is open, and holds new ones
  * back meanwhile. It is also a "potentially unsafe" call for captures of other contexts, which the default (global)
