@@ -61,6 +61,13 @@ def test_two_gangs_on_the_same_pair_never_wait_longer_than_a_round() -> None:
         assert r.jobs[name].max_stall_ns <= 4 * 10 * NS_PER_MS
 
 
+def _lagging_pair(op_ms: float, lag_ns: int, seconds: float) -> GangResult:
+    """Gangs J1 and J2 alone on GPUs 0 and 1 (policy 1, 20 ms slices), steps of ``op_ms``, each job's rank on GPU 1
+    reaching its gate ``lag_ns`` after a step."""
+    jobs = [SimJob(n, (0, 1), workload=busy(op_ms), lag_ns=(0, lag_ns)) for n in ("J1", "J2")]
+    return simulate_gangs(2, jobs, seconds=seconds, policy=1, slice_ms=20)
+
+
 @pytest.mark.parametrize("lag_ms", [0.3, 1.0])
 def test_two_gangs_whose_ranks_lag_take_turns_in_turn(lag_ms: float) -> None:
     """J1 and J2 alone on GPUs 0 and 1, each with its rank on GPU 1 reaching its gate ``lag_ms`` after a step (its
@@ -69,8 +76,7 @@ def test_two_gangs_whose_ranks_lag_take_turns_in_turn(lag_ms: float) -> None:
     step more, and they share the pair equally (each does what its lag leaves of 50 %: op / (op + lag)). The tail was
     taken for a stranded collective, put first: one gang had up to four turns in a row (stalls of 83 ms)."""
     lag = int(lag_ms * NS_PER_MS)
-    jobs = [SimJob(n, (0, 1), workload=busy(2.0), lag_ns=(0, lag)) for n in ("J1", "J2")]
-    r = simulate_gangs(2, jobs, seconds=10, policy=1, slice_ms=20)
+    r = _lagging_pair(2.0, lag, seconds=10)
     for name in ("J1", "J2"):
         assert r.jobs[name].share[0] * 100 == pytest.approx(50 * 2.0 / (2.0 + lag_ms), abs=1.5)
         assert r.jobs[name].max_stall_ns <= 20 * NS_PER_MS + 2 * (2 * NS_PER_MS + lag)
@@ -89,8 +95,7 @@ def test_a_gang_stranded_at_every_turns_end_does_not_starve_its_neighbour(op_ms:
     here but, on the fake driver beside real noise, stalled two gangs on a pair for 400-600 ms in 2 sittings of 4:
     not kept. Its adopted time is billed now (it was not)."""
     lag = int(lag_ms * NS_PER_MS)
-    jobs = [SimJob(n, (0, 1), workload=busy(op_ms), lag_ns=(0, lag)) for n in ("J1", "J2")]
-    r = simulate_gangs(2, jobs, seconds=8, policy=1, slice_ms=20)
+    r = _lagging_pair(op_ms, lag, seconds=8)
     assert min(r.jobs[n].steps for n in ("J1", "J2")) > 200
     assert abs(r.jobs["J1"].share[0] - r.jobs["J2"].share[0]) * 100 < TOL_PP
     for name in ("J1", "J2"):
@@ -160,13 +165,13 @@ def test_gangs_off_the_collective_spins_and_stalls() -> None:
 
 
 def _pair() -> tuple[GpuScheduler, GpuScheduler, GangBook]:
+    """GPUs 0 and 1 (policy 4, 10 ms slices) joined by a book, J registered on both."""
     s0, s1 = (GpuScheduler(g, GpuSettings(policy=4, slice_ms=10)) for g in (0, 1))
     book = GangBook()
     book.attach(s0)
     book.attach(s1)
     for s in (s0, s1):
         s.add_instance("J", 1, False, 0)
-    s0.add_instance("H", 1, True, 0)
     return s0, s1, book
 
 
@@ -174,6 +179,7 @@ def test_a_revoke_ends_the_gangs_lease_on_every_gpu() -> None:
     """J holds its turn on both GPUs; H (high priority) preempts it on GPU 0: J's lease on GPU 1 is revoked in the
     same step."""
     s0, s1, book = _pair()
+    s0.add_instance("H", 1, True, 0)
     s0.acquire("J", 1, 0)
     s1.acquire("J", 2, 0)
     held = [lease for s in (s0, s1) for lease in s.holders()]
@@ -187,12 +193,7 @@ def test_a_revoke_ends_the_gangs_lease_on_every_gpu() -> None:
 def test_a_job_busy_on_one_gpu_is_no_gang() -> None:
     """J is registered on both GPUs but works on GPU 0 only: no gang forms, and it takes turns there as any tenant
     (nothing waits for a GPU it does not use)."""
-    s0, s1 = (GpuScheduler(g, GpuSettings(policy=4, slice_ms=10)) for g in (0, 1))
-    book = GangBook()
-    book.attach(s0)
-    book.attach(s1)
-    for s in (s0, s1):
-        s.add_instance("J", 1, False, 0)
+    s0, _, book = _pair()
     effects = s0.acquire("J", 1, 0)
     assert [e.gpu for e in effects if isinstance(e, GrantLease)] == [0]
     assert not book.gangs and not s0.instances["J"].gang
