@@ -161,15 +161,9 @@ class Procs:
             Path(f"/dev/shm/fakecuda-coll-{self.coll(t)}").unlink(missing_ok=True)
 
 
-def held_s(daemon: DaemonProc, instance: str) -> tuple[float, float]:
-    """The instance's held seconds, summed over its GPUs, and the longest round in force."""
-    held, round_ms = 0.0, 0.0
-    for g in daemon.status()["gpus"]:
-        round_ms = max(round_ms, float(g["round_ms"]))
-        for i in g["instances"]:
-            if i["id"] == instance:
-                held += float(i["held_seconds"])
-    return held, round_ms
+def round_in_force_ms(daemon: DaemonProc) -> float:
+    """The longest round in force (status: useful time, no hand-overs) over the GPUs."""
+    return max(float(g["round_ms"]) for g in daemon.status()["gpus"])
 
 
 def turns(daemon: DaemonProc) -> dict[int, dict[str, tuple[float, int]]]:
@@ -218,14 +212,15 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
         held: dict[str, dict[int, dict[str, tuple[float, int]]]] = {}
 
         def snap(key: str) -> None:
-            marks[key] = (time.monotonic_ns(), {t.name: (ps.spin_ns(t), held_s(daemon, ps.instance(t))[0])
-                                                for t in jobs})
-            held[key] = turns(daemon)
+            now = held[key] = turns(daemon)
+            marks[key] = (time.monotonic_ns(), {
+                t.name: (ps.spin_ns(t), sum(gpu.get(ps.instance(t), (0.0, 0))[0] for gpu in now.values()))
+                for t in jobs})
 
         rounds: list[float] = []
         ps.run([t.name for t in tenants], seconds,
-               [(1.0, lambda: snap("from")), (seconds / 2, lambda: rounds.append(held_s(daemon, ps.instance(
-                   tenants[0]))[1])), (seconds, lambda: snap("to"))])
+               [(1.0, lambda: snap("from")), (seconds / 2, lambda: rounds.append(round_in_force_ms(daemon))),
+                (seconds, lambda: snap("to"))])
         (w0, before), (c1, after) = marks["from"], marks["to"]
         round_held = rounds_held_ms(held["from"], held["to"])
         out: dict[str, Any] = {"scenario": name, "tenants": {}}
