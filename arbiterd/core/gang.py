@@ -347,12 +347,14 @@ class GangBook:
         last step just past the deadline is the turn's tail, not a strand: taken for one, it put its gang first
         again at each turn's end, and of two gangs on one pair one had four turns in a row (264 ms for the other's
         step)."""
-        for g in gang.gpus:
-            lease = self.members[g].rq.lease
-            if lease is not None and lease.inst.name == gang.name and lease.revoked_ns is None \
-                    and now > lease.deadline_ns + STRANDED_NS:
-                return True
-        return False
+        return any((end := self._held_until(gang, g)) is not None and now > end + STRANDED_NS for g in gang.gpus)
+
+    def _held_until(self, gang: Gang, gpu: int) -> int | None:
+        """The deadline of the gang's lease on ``gpu``, where it holds one not revoked."""
+        lease = self.members[gpu].rq.lease
+        if lease is not None and lease.inst.name == gang.name and lease.revoked_ns is None:
+            return lease.deadline_ns
+        return None
 
     def _blocked_by_gang(self, gang: Gang, now: int) -> bool:
         """Whether one of the armed ``gang``'s GPUs is held by another gang outside its turn (its kernel waits
@@ -562,10 +564,9 @@ class GangBook:
             for g in gang.gpus:
                 if not self._has_demand(g, gang.name):
                     times.append(self._busy.get((g, gang.name), gang.t) + self.window_ns + 1)
-                lease = self.members[g].rq.lease
-                if lease is not None and lease.inst.name == gang.name and lease.revoked_ns is None \
-                        and lease.deadline_ns <= gang.t <= lease.deadline_ns + STRANDED_NS:
-                    times.append(lease.deadline_ns + STRANDED_NS + 1)  # taken for stranded then (_holds)
+                end = self._held_until(gang, g)
+                if end is not None and end <= gang.t <= end + STRANDED_NS:
+                    times.append(end + STRANDED_NS + 1)  # taken for stranded then (_holds)
             for t in times:
                 at = t if at is None or t < at else at
         return at
