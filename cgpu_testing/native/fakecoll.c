@@ -95,15 +95,10 @@ static void coll_open(void) {
         C.slots = m;
 }
 
-static void coll_spin_until(int64_t end) {
-    while (coll_now() < end) {
-    }
-}
-
 void fakecoll_run(int phys, uint64_t ns) {
     pthread_once(&C.once, coll_open);
     if (!C.slots || phys < 0 || phys >= COLL_SLOTS) {
-        coll_spin_until(coll_now() + (int64_t)ns);
+        fake_busy_until(coll_now() + (int64_t)ns);
         return;
     }
     pthread_mutex_lock(&C.mu);
@@ -116,7 +111,7 @@ void fakecoll_run(int phys, uint64_t ns) {
         while (atomic_load(&C.slots[C.peers[i]].started) < k && coll_now() - t0 < C.timeout_ns)
             sched_yield();
     int64_t t1 = coll_now();
-    coll_spin_until(t1 + (int64_t)ns);
+    fake_busy_until(t1 + (int64_t)ns);
     atomic_fetch_add(&me->spin_ns, (uint64_t)(t1 - t0));
     for (uint64_t was = atomic_load(&me->max_spin_ns);
          (uint64_t)(t1 - t0) > was && !atomic_compare_exchange_weak(&me->max_spin_ns, &was, (uint64_t)(t1 - t0));)

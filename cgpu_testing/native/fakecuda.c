@@ -4,12 +4,14 @@
  * devices, memory totals and SM counts come from the environment
  * (FAKECUDA_DEVICES, FAKECUDA_MEM_MB, FAKECUDA_SMS); each context has one worker
  * thread that runs the work of all its streams in launch order, so a launch
- * returns at once and its kernel runs later; the kernel "cgpu_spin" busy-spins
- * for the nanoseconds in its first parameter; synchronisation, queries and
- * events follow the driver API's rules; device memory is host memory, bounded
- * by the device's total. FAKECUDA_TRACE=path appends "pid start_ns end_ns" for
+ * returns at once and its kernel runs later; the kernel "cgpu_spin" runs
+ * for the nanoseconds in its first parameter (fake_busy_until: it sleeps most of
+ * them, as a GPU takes no host CPU); synchronisation, queries and events follow
+ * the driver API's rules; device memory is host memory, bounded by the device's
+ * total. FAKECUDA_TRACE=path appends "pid start_ns end_ns" for
  * every kernel it runs (CLOCK_MONOTONIC), which lets tests check who ran when. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -160,10 +162,26 @@ static void footprint_give(int dev);
 
 /* ------------------------------------------------------------------ worker */
 
-static void spin(uint64_t ns) {
-    int64_t start = now_ns(), end = start + (int64_t)ns;
+/* A GPU running a kernel takes none of its host's CPUs (a launch is asynchronous: CUDA Driver API, Execution
+ * Control, cuLaunchKernel), but this model's device is a host thread: it sleeps until just before the kernel's end
+ * and spins the rest, so that the kernel ends on time and the host's cores stay free for the threads that launch.
+ * Spinning throughout, two busy devices on a 2-core host left the launching threads and the daemon a core's scraps:
+ * a rank's launches came tens of ms late, and its gang's turn passed idle. */
+#define SPIN_TAIL_NS 100000
+void fake_busy_until(int64_t end) {
+    int64_t wake = end - SPIN_TAIL_NS;
+    if (now_ns() < wake) {
+        struct timespec ts = {(time_t)(wake / 1000000000LL), (long)(wake % 1000000000LL)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
+    }
     while (now_ns() < end) {
     }
+}
+
+static void spin(uint64_t ns) {
+    int64_t start = now_ns();
+    fake_busy_until(start + (int64_t)ns);
     if (D.trace_fd >= 0) {
         char line[80];
         int n = snprintf(line, sizeof line, "%d %lld %lld\n", (int)getpid(), (long long)start, (long long)now_ns());
