@@ -17,14 +17,16 @@ A rate is steps a second; a share is the rate in the scenario against the rate a
 its processes). Printed, per run: the job's rate against its entitled rate (entitled share x rate alone), its
 collective spin as % of the time it held its GPUs (the driver's count against the daemon's held time), each
 single-GPU tenant's share against its entitlement, and the longest stall: the longest gap between two steps of
-any tenant, less a step, against the round of its GPU *as held* (one turn of every instance there, each the mean
-of its turns in the window: held time over grants; for the job, its GPU with the longer round). The round in force
-that status gives counts a turn's useful time only, not the hand-over each turn is lengthened by, so a tenant
-waiting its due, the others' turns, read as a stall beside it. Spin and held time are read over the window the
-rates are (from a second in: a collective that one rank launched as the other paused, in the run before, ends
-early in this one). The output ends with ``gang_rate_pct=<n> spin_pct=<n> tenant_err_pp=<n> max_stall_ms=<n>``
-for the gangs-on run (the job of ``job+tenants``; the stall: both scenarios). Targets: the job at >= 95 % of its
-entitled rate, spin <= 2 % of its held time, tenants within 2 pp, no stall longer than a round.
+any tenant, less a step, against the round of its GPU *as held*: the time its instances held it in the window, over
+the turns of the instance with fewest there (every instance has a turn a round; for the job, its GPU with the
+longer round). The round in force that status gives counts a turn's useful time only, not the hand-over each turn
+is lengthened by, so a tenant waiting its due, the others' turns, read as a stall beside it; and one turn of every
+instance, each its mean, read short where a turn is cut where a gang is due (its rest is a second, short turn).
+Spin and held time are read over the window the rates are (from a second in: a collective that one rank launched as
+the other paused, in the run before, ends early in this one). The output ends with ``gang_rate_pct=<n> spin_pct=<n>
+tenant_err_pp=<n> max_stall_ms=<n>`` for the gangs-on run (the job of ``job+tenants``; the stall: both scenarios).
+Targets: the job at >= 95 % of its entitled rate, spin <= 2 % of its held time, tenants within 2 pp, no stall longer
+than a round.
 """
 
 from __future__ import annotations
@@ -174,16 +176,18 @@ def turns(daemon: DaemonProc) -> dict[int, dict[str, tuple[float, int]]]:
 
 def rounds_held_ms(t0: dict[int, dict[str, tuple[float, int]]], t1: dict[int, dict[str, tuple[float, int]]]
                    ) -> dict[int, float]:
-    """Per GPU, the round as held between two :func:`turns`: one turn of every instance that had turns there, each
-    its mean (held time over grants)."""
+    """Per GPU, the round as held between two :func:`turns`: the time its instances held it, over the turns of the
+    one that had fewest (every instance has at least a turn a round; one cut short where a gang starts has the
+    rest of it in a second)."""
     out: dict[int, float] = {}
     for g, now in t1.items():
-        total = 0.0
-        for inst, (held, grants) in now.items():
-            held0, grants0 = t0.get(g, {}).get(inst, (0.0, 0))
-            if grants > grants0:
-                total += (held - held0) / (grants - grants0)
-        out[g] = round(1000 * total, 1)
+        held, rounds = 0.0, None
+        for inst, (h1, n1) in now.items():
+            h0, n0 = t0.get(g, {}).get(inst, (0.0, 0))
+            if n1 > n0:
+                held += h1 - h0
+                rounds = n1 - n0 if rounds is None else min(rounds, n1 - n0)
+        out[g] = round(1000 * held / rounds, 1) if rounds else 0.0
     return out
 
 

@@ -20,7 +20,10 @@ held (as the high-priority class's does). With credit for a turn (its weight's t
 every member, the gang is *armed*: each member GPU ends its current turn where that turn's nominal end is (an
 extended lone holder is cut back to it); a GPU whose turn ends before its peers' gives the gap to its own tenants,
 in a turn cut to end where the last peer's ends (:meth:`GangView.fence`); when every member GPU is free the gang is
-granted all of them at once, one deadline for all. A revoke of one member's lease (high priority, an operator)
+granted all of them at once, one deadline for all. Before it is armed, a turn a member GPU starts that would run on
+more than half its length past where the gang will be armed (:meth:`GangView.due`) ends there: running on, it
+armed the gang at its start and held the gang's turn back to its own end. A turn cut short for a gang goes on
+first after the gang's turn (policies/vtime.py). A revoke of one member's lease (high priority, an operator)
 revokes the others. Time that nobody else wants on any member GPU goes to a gang with work on all of them (spent
 from its credit like any turn). A member GPU idles only where the gang needs it and it has nobody to fill the gap
 with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU. Gangs that share a
@@ -422,7 +425,13 @@ class GangBook:
 
     def fence(self, gpu: int, now: int) -> int | None:
         """Where a turn granted on ``gpu`` now must end: where the last peer's current turn ends, for the gang
-        armed over ``gpu`` (now: it waits only for a peer running past its deadline)."""
+        armed over ``gpu`` (now: it waits only for a peer running past its deadline). Asked as a turn is granted."""
+        end = self._fence_at(gpu, now)
+        if end is not None and end > now:  # the gap is filled: this GPU is not idle for the gang
+            self._busy_end(gpu, now)
+        return end
+
+    def _fence_at(self, gpu: int, now: int) -> int | None:
         for gang in self._on.get(gpu, ()):
             if gang.armed:
                 end = now
@@ -433,10 +442,37 @@ class GangBook:
                     kept = self.kept_until(g, now)
                     if g != gpu and kept is not None:
                         end = max(end, kept[1])
-                if end > now:  # the gap is filled: this GPU is not idle for the gang
-                    self._busy_end(gpu, now)
                 return end
         return None
+
+    def due(self, gpu: int, now: int) -> int | None:
+        """Where a turn granted on ``gpu`` now should end at the latest: where a gang over it, not yet armed, will
+        be (its credit paying for half a turn by then, and its peers' current turns over). A turn that ran past
+        that point would arm the gang at its grant and hold the gang's start back to its own end, while the
+        peers' turns are cut to it (:meth:`fence`): the gang's wait grew by up to a whole turn of another tenant.
+        Asked as a turn is granted (:meth:`fence` found no gang armed): the GPU is not idle for a gang."""
+        self._busy_end(gpu, now)
+        return self._due_at(gpu, now)
+
+    def _due_at(self, gpu: int, now: int) -> int | None:
+        at: int | None = None
+        for gang in self._on.get(gpu, ()):
+            if gang.armed or gang.rate <= 0 or self._in_turn(gang, now) or not self._waits(gang) \
+                    or self._armed_on(gang.gpus):
+                continue
+            credit = gang.credit + gang.rate * max(0, now - gang.t)
+            missing = (gang.turn_len or self.turn_ns(gang)) // 2 - credit
+            end = now + max(0, int(missing / gang.rate) + 1)
+            for g in gang.gpus:
+                lease = self.members[g].rq.lease
+                if g != gpu and lease is not None and lease.inst.name != gang.name and lease.revoked_ns is None:
+                    end = max(end, lease.nominal_ns if lease.nominal_ns is not None else lease.deadline_ns)
+                kept = self.kept_until(g, now)
+                if g != gpu and kept is not None:
+                    end = max(end, kept[1])
+            if end > now and (at is None or end < at):
+                at = end
+        return at
 
     def _free(self, gang: Gang, now: int) -> bool:
         for g in gang.gpus:
@@ -472,7 +508,12 @@ class GangBook:
                 if self._free(gang, now):
                     return self._grant(gang, now, self.turn_ns(gang))
                 self._idle(gpu, now)
-                return None
+                fence = self._fence_at(gpu, now)
+                # the gang starts now (a peer runs past its deadline): nothing fits before it; else the GPU's
+                # tenants fill the gap, within the fence
+                return [] if fence is not None and fence <= now else None
+        if any(not self._in_turn(g, now) and self._waits_on(gpu, g.name) for g in self._on.get(gpu, ())):
+            self._idle(gpu, now)  # free while a gang waits on it, until a tenant's turn fills it
         spare = [g for g in self._on.get(gpu, ()) if not self._in_turn(g, now) and self._waits(g)
                  and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
         if spare:  # time nobody else wants on any of its GPUs
@@ -672,6 +713,9 @@ class GangView(GangHooks):
 
     def fence(self, now: int) -> int | None:
         return self.book.fence(self.gpu, now)
+
+    def due(self, now: int) -> int | None:
+        return self.book.due(self.gpu, now)
 
     def wakeup(self) -> int | None:
         return self.book.wakeup(self.gpu)

@@ -101,6 +101,11 @@ class GangHooks:
         """Where a turn granted by the policy now must end (a gang starts then), if anywhere."""
         return None
 
+    def due(self, now: int) -> int | None:
+        """Where a turn granted by the policy now should end at the latest, if anywhere: a gang over this GPU will
+        be due then (a turn past it would hold the gang's start back)."""
+        return None
+
     def wakeup(self) -> int | None:
         return None
 

@@ -37,6 +37,25 @@ def test_gang_of_two_beside_tenants_of_various_weights() -> None:
     assert max(r.idle.values()) < 0.005
 
 
+def test_turns_end_where_a_gang_is_due_and_go_on_after_it() -> None:
+    """J on GPUs 0 and 1, A on GPU 0, B and C on GPU 1 (policy 1, 10 ms slices), every tenant in steps of its own
+    length, so that GPU 0's turns drift against GPU 1's. J waits for B's and C's turns on GPU 1 (20 ms), each
+    running on to the end of the step under way at its deadline, and at most half a turn more: a turn that GPU 0
+    starts just before J is due, and that would run on more than half its length past that point, ends there
+    (before, it ran its whole length past it, and J waited for it: 30.2 ms). B and C wait for the other and J, and
+    no more: a turn cut short where J starts goes on right after J's turn (before, its instance, having just had
+    part of a turn, went after the other: 30.8 ms, a round). The shares stay within 1.5 pp (a step under way at a
+    deadline leaves its peer GPU idle a moment: 1.1 % here)."""
+    jobs = [SimJob("J", (0, 1), workload=busy(1.0)), SimJob("A", (0,), workload=busy(0.7)),
+            SimJob("B", (1,), workload=busy(1.3)), SimJob("C", (1,), workload=busy(0.9))]
+    r = simulate_gangs(2, jobs, seconds=10, policy=1, slice_ms=10)
+    ops = 1.3 + 0.9 + 1.0
+    assert r.jobs["J"].max_stall_ns <= int((20 + 10 / 2 + 1.3 + 0.9) * NS_PER_MS)
+    for name in ("B", "C"):
+        assert r.jobs[name].max_stall_ns <= int((20 + ops) * NS_PER_MS)
+    assert r.max_error_pp() < 1.5
+
+
 def test_gangs_of_four_and_two_on_four_gpus() -> None:
     """J (weight 2) on GPUs 0-3, K (1) on GPUs 2-3, tenants A (1) on 0, B (3) on 1, C (1) and D (4) on 2. J: min(2/3,
     2/5, 2/8, 2/3) = 25 %; K: min(1/8, 1/3) = 12.5 %; C and D share GPU 2's 62.5 % as 1:4. GPU 3 has only the two

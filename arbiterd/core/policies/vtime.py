@@ -29,6 +29,13 @@ class VirtualTime(Policy):
     conserving = True
     honours_limits = True
 
+    def __init__(self, gpu: Runqueue, hp: HighPriority, now: int) -> None:
+        super().__init__(gpu, hp, now)
+        # a turn cut short where a gang starts: its instance, its useful length and the instance's virtual time
+        # at its grant. Its rest (the length less what the cut turn was billed) goes first once the gang's turn is
+        # over, as a task preempted goes on where it stopped
+        self.resume: tuple[InstanceState, int, int] | None = None
+
     def demand(self, inst: InstanceState, now: int) -> None:
         """Put an instance that (re)gains demand at the tail of the current round.
 
@@ -118,9 +125,16 @@ class VirtualTime(Policy):
         """Grant a turn of ``length`` useful ns, lengthened by the expected hand-over; extend it while
         nobody else wants the GPU (no renewals when alone), a high-priority instance's leftover time too."""
         ext = self.gpu.extension_for(inst)
-        fence = self.gpu.gangs.fence(now) if self.gpu.gangs.active else None
-        if fence is not None:  # a gang starts then: the turn fills the gap up to it (gang.py)
-            return self.gpu.grant(inst, now, min(now + length + ext, fence), self, extension=min(ext, fence - now))
+        cut = self.gang_cut(now)
+        if cut is not None and (cut[1] or cut[0] < now + length + ext - length // 2):
+            # a gang starts there (armed): the turn fills the gap up to it (gang.py); or a gang is due there and the
+            # turn would run on more than half its length past it: it ends there. Cut wherever it runs past, a
+            # turn costs a hand-over more each time (its tenants 1 to 2 pp on the fake driver); never cut, it made
+            # the gang wait up to a whole turn more
+            end, ext = min(now + length + ext, cut[0]), min(ext, cut[0] - now)
+            if end - now - ext < length:
+                self.resume = (inst, length, inst.vruntime)
+            return self.gpu.grant(inst, now, end, self, extension=ext)
         if self.contended(inst):
             return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
         effects = self.gpu.grant(inst, now, now + max(length + ext, EXTENDED_NS), self, extension=ext)
@@ -128,6 +142,19 @@ class VirtualTime(Policy):
         assert lease is not None
         lease.nominal_ns = min(now + length + ext, lease.deadline_ns)  # a limit may have cut it (limits.py)
         return effects
+
+    def gang_cut(self, now: int) -> tuple[int, bool] | None:
+        """Where a turn granted now must end for a gang over this GPU, and whether it must end there whatever its
+        length (a gang armed: :meth:`GangHooks.fence`) or only if it would run past it (a gang due then:
+        :meth:`GangHooks.due`)."""
+        gangs = self.gpu.gangs
+        if not gangs.active:
+            return None
+        if (fence := gangs.fence(now)) is not None:
+            return fence, True
+        if (due := gangs.due(now)) is not None:
+            return due, False
+        return None
 
     def holder_check(self, lease: Lease, now: int) -> list[Effect] | None:
         """Someone else wants the GPU: an extended holder keeps its nominal turn, and no more."""
@@ -163,8 +190,14 @@ class VirtualTime(Policy):
                           if i.weight > 0 and not i.gang and i.waiters and not bw.throttled(i)]
         if not candidates:
             return []
-        if gpu.gangs.active and (fence := gpu.gangs.fence(now)) is not None and fence <= now:
-            return []  # a gang is about to start here: nothing fits before it
+        resume, self.resume = self.resume, None
+        if resume is not None and resume[0] in candidates:
+            # the rest of a turn a gang cut short. Taken by virtual time, its instance, having just had a part of a
+            # turn, went after the others: a round and more between two of its turns
+            inst, length, vr = resume
+            rest = length - (inst.vruntime - vr) * self.vtime_weight(inst) // VR_SCALE
+            if rest > 0:
+                return self.grant_turn(inst, now, rest)
         inst, length = self.next_turn(candidates)
         return self.grant_turn(inst, now, length)
 
