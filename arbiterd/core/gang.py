@@ -7,6 +7,7 @@ As Linux core scheduling makes one pick for every SMT sibling of a core, so that
 run side by side, the :class:`GangBook` makes one pick for every GPU of a *gang*: an instance registered on several
 GPUs and busy (waiting for or holding a lease) on two or more of them within ``window_ns``, on GPUs whose policy is
 work-conserving virtual time (1 or 4), where it is neither high priority nor limited. Those GPUs are its *members*.
+A gang that dissolved with no work on any of them (the job paused) comes back whole at its next demand on one.
 A gang's instances are taken out of their GPUs' own picks (``InstanceState.gang``); the GPUs' policies share what
 the gang leaves, and know of gangs only through :class:`GangView` (the ``Runqueue.gangs`` hooks).
 
@@ -105,6 +106,7 @@ class GangBook:
         self.gangs: dict[str, Gang] = {}
         self.stats: dict[int, GangStats] = {}
         self._multi: dict[str, tuple[int, ...]] = {}  # instances eligible on two or more GPUs
+        self._paused: dict[str, tuple[int, ...]] = {}  # gangs dissolved with every GPU of them idle: their GPUs
         self._dirty = True
         self._busy: dict[tuple[int, str], int] = {}  # when an eligible instance last had demand on a GPU
         self._leases: dict[int, Gang] = {}  # lease id() -> the gang whose turn it is
@@ -166,15 +168,29 @@ class GangBook:
         if self._dirty:
             self._recount()
         want: dict[str, tuple[int, ...]] = {}
+        busy_on: dict[str, tuple[int, ...]] = {}
         for name, gpus in self._multi.items():
-            busy = tuple(g for g in gpus if self._has_demand(g, name)
-                         or self._busy.get((g, name), -self.window_ns - 1) >= now - self.window_ns)
+            busy = busy_on[name] = tuple(g for g in gpus if self._has_demand(g, name)
+                                         or self._busy.get((g, name), -self.window_ns - 1) >= now - self.window_ns)
+            paused = tuple(g for g in self._paused.get(name, ()) if g in gpus)
             if len(busy) > 1:
                 want[name] = busy
+            elif busy and len(paused) > 1:
+                # a gang that paused whole comes back whole, at its first rank's demand: formed from demand alone,
+                # two jobs whose ranks came back in turn each took one GPU of the pair as a plain lease, and each
+                # waited in a collective for the GPU the other held (until an idle release or overrun_ms)
+                want[name] = paused
+                for g in paused:
+                    self._busy[(g, name)] = max(self._busy.get((g, name), now), now)
         for name, gang in list(self.gangs.items()):
             if want.get(name) != gang.gpus:
+                if name in busy_on and not any(self._has_demand(g, name) for g in gang.gpus):
+                    # none of its GPUs has work now (one may still be within the window: its ranks stopped in
+                    # turn): the job paused
+                    self._paused[name] = gang.gpus
                 self._dissolve(gang, now)
         for name, gpus in want.items():
+            self._paused.pop(name, None)
             if name not in self.gangs:
                 gang = Gang(name, gpus, now)
                 self.gangs[name] = gang
@@ -221,6 +237,7 @@ class GangBook:
             self._dissolve(gang, now)
         self._busy.pop((gpu, name), None)
         self.spin.pop((gpu, name), None)
+        self._paused.pop(name, None)
         self._dirty = True
 
     def ticked(self, gpu: int, now: int) -> None:

@@ -388,3 +388,31 @@ def test_a_rank_that_steps_off_within_its_turn_finds_its_gpu_kept() -> None:
     assert pct[("J", 0)] == pytest.approx(50, abs=TOL_PP) and pct[("A", 0)] == pytest.approx(50, abs=TOL_PP)
     assert pct[("J", 1)] == pytest.approx(50 * 6 / 7, abs=TOL_PP)
     assert pct[("B", 1)] == pytest.approx(50, abs=TOL_PP)
+
+
+def test_two_gangs_that_paused_come_back_whole() -> None:
+    """J1 and J2 on GPUs 0 and 1 (one client per rank, as torchrun starts), gangs while they work; both pause for
+    longer than the window (their gangs dissolve), and their ranks come back in turn: J1's on GPU 0, J2's on GPU 1,
+    then their peers. J1's gang comes back whole at its first rank's demand: it holds both GPUs (J2 waits), where
+    formed from demand alone J1 took GPU 0 and J2 GPU 1 as plain leases, each job's collective then waiting for the
+    GPU the other held (the cross-hold bench.gang saw, 400-600 ms stalls until overrun_ms)."""
+    d = GangDriver({0: 1, 1: 1})
+    for name in ("J1", "J2"):
+        for g in (0, 1):
+            d.add(name, g)
+    back = {("J1", 0): 0.0, ("J2", 1): 0.5, ("J1", 1): 1.0, ("J2", 0): 1.5}
+    for cid, ((name, g), late_ms) in enumerate(back.items(), start=1):
+        d.client(name, g, cid, active=lambda t, late=late_ms: t < 500 * MS or t >= (1000 + late) * MS)
+    d.run(400 * MS)
+    assert set(d.book.gangs) == {"J1", "J2"}
+    d.run(990 * MS)
+    assert not d.book.gangs
+    d.run(1003 * MS)
+    holders = {g: sched.rq.lease.inst.name for g, sched in d.scheds.items() if sched.rq.lease is not None}
+    assert holders == {0: "J1", 1: "J1"}
+    assert d.book.gangs["J1"].gpus == (0, 1)
+    d.run(3000 * MS)  # and they go on taking turns as gangs, each half of the pair
+    t0 = d.reset()
+    d.run(5000 * MS)
+    for name in ("J1", "J2"):
+        assert d.share(name, 0, t0) == pytest.approx(50, abs=TOL_PP)
