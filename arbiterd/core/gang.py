@@ -208,8 +208,7 @@ class GangBook:
         for g in gang.gpus:
             self._on[g] = [other for other in self._on.get(g, ()) if other is not gang]
         for g in gang.gpus:
-            if gang.armed:
-                self._busy_end(g, now)
+            self._busy_end(g, now)  # armed or not, it waited on its GPUs: not any more
             self._unflag(g, gang.name, now)
             self._kick.setdefault(g, now)
 
@@ -467,8 +466,7 @@ class GangBook:
         be (its credit paying for half a turn by then, and its peers' current turns over). A turn that ran past
         that point would arm the gang at its grant and hold the gang's start back to its own end, while the
         peers' turns are cut to it (:meth:`fence`): the gang's wait grew by up to a whole turn of another tenant.
-        Asked as a turn is granted (:meth:`fence` found no gang armed): the GPU is not idle for a gang."""
-        self._busy_end(gpu, now)
+        Asked as a turn is granted (:meth:`fence` found no gang armed)."""
         return self._due_at(gpu, now)
 
     def _due_at(self, gpu: int, now: int) -> int | None:
@@ -530,7 +528,9 @@ class GangBook:
                 # tenants fill the gap, within the fence
                 return [] if fence is not None and fence <= now else None
         if any(not self._in_turn(g, now) and self._waits_on(gpu, g.name) for g in self._on.get(gpu, ())):
-            self._idle(gpu, now)  # free while a gang waits on it, until a tenant's turn fills it
+            self._idle(gpu, now)  # free while a gang waits on it, until a lease is granted here (granted)
+        else:
+            self._busy_end(gpu, now)
         spare = [g for g in self._on.get(gpu, ()) if not self._in_turn(g, now) and self._waits(g)
                  and self._free(g, now) and not any(self._others_wait(m, g.name) for m in g.gpus)]
         if spare:  # time nobody else wants on any of its GPUs
@@ -733,6 +733,9 @@ class GangView(GangHooks):
 
     def due(self, now: int) -> int | None:
         return self.book.due(self.gpu, now)
+
+    def granted(self, now: int) -> None:
+        self.book._busy_end(self.gpu, now)
 
     def wakeup(self) -> int | None:
         return self.book.wakeup(self.gpu)

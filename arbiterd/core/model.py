@@ -109,6 +109,9 @@ class GangHooks:
     def wakeup(self) -> int | None:
         return None
 
+    def granted(self, now: int) -> None:
+        """A lease was granted on this GPU (to anyone): it is not idle for a gang."""
+
     def touched(self, inst: InstanceState, now: int) -> None:
         """``inst`` may have gained or lost demand."""
 
@@ -302,6 +305,8 @@ class Runqueue:
         self.lease = lease
         if self.busy_since is None:
             self.busy_since = now
+        if self.gangs.active:
+            self.gangs.granted(now)
         return effects
 
     def revoke(self, lease: Lease, now: int, reason: str) -> list[Effect]:

@@ -416,3 +416,50 @@ def test_two_gangs_that_paused_come_back_whole() -> None:
     d.run(5000 * MS)
     for name in ("J1", "J2"):
         assert d.share(name, 0, t0) == pytest.approx(50, abs=TOL_PP)
+
+
+def _quarter_gang() -> GangDriver:
+    """J on GPUs 0 and 1 beside A, B and C on GPU 0 (policy 4): J is owed 25 %, and GPU 1, where nobody else works,
+    idles 75 % for it, mostly while J, not yet armed, earns its next turn."""
+    d = GangDriver({0: 4, 1: 4})
+    for g in (0, 1):
+        d.add("J", g)
+    for n in ("A", "B", "C"):
+        d.add(n, 0)
+    d.client("J", 0, 1)
+    d.client("J", 1, 2)
+    for i, n in enumerate(("A", "B", "C")):
+        d.client(n, 0, 3 + i)
+    return d
+
+
+def test_gang_idle_stops_when_a_gang_not_armed_dissolves() -> None:
+    """As above, GPU 1 counted idle while J, not armed, waits on it; a reload sets the window to 0 and the gang
+    dissolves. J then holds GPU 1 alone and the counter stops (it grew with wall time for ever: only an armed gang's
+    dissolution stopped it; a review's reproducer)."""
+    d = _quarter_gang()
+    d.run(500 * MS)
+    while not (d.book.stats[1].idle_since is not None and not d.book.gangs["J"].armed):
+        d.run(d.now + MS // 20)
+    d.book.set_window(0, d.now)
+    d.apply(d.book.take())
+    i1, t1 = d.book.idle_ns(1, d.now), d.now
+    d.run(t1 + 1000 * MS)
+    assert not d.book.gangs
+    assert d.book.idle_ns(1, d.now) - i1 <= MS
+
+
+def test_gang_idle_is_not_counted_while_a_high_priority_instance_holds_the_gpu() -> None:
+    """As above, with H, high priority, on GPU 1 busy 4 ms in every 40: the aligned idle counted is the time GPU 1 was
+    free while J waited for it, not H's holds too (it counted 75 % where GPU 1 was free 65 %: a grant by the
+    high-priority class did not stop the count; a review's reproducer)."""
+    d = _quarter_gang()
+    d.apply(d.scheds[1].add_instance("H", 1, True, d.now))
+    d.client("H", 1, 9, active=lambda t: (t // MS) % 40 < 4)
+    d.run(500 * MS)
+    i0, t0 = d.book.idle_ns(1, d.now), d.reset()
+    d.run(3500 * MS)
+    counted = 100 * (d.book.idle_ns(1, d.now) - i0) / (d.now - t0)
+    measured = 100 * d.free_waiting[1] / (d.now - t0)
+    assert measured == pytest.approx(65, abs=1)
+    assert counted == pytest.approx(measured, abs=TOL_PP)

@@ -31,10 +31,10 @@ class VirtualTime(Policy):
 
     def __init__(self, gpu: Runqueue, hp: HighPriority, now: int) -> None:
         super().__init__(gpu, hp, now)
-        # a turn cut short where a gang starts: its instance, its useful length and the instance's virtual time
-        # at its grant. Its rest (the length less what the cut turn was billed) goes first once the gang's turn is
-        # over, as a task preempted goes on where it stopped
-        self.resume: tuple[InstanceState, int, int] | None = None
+        # a turn cut short where a gang starts: its instance, its useful length, and the instance's virtual time
+        # and weight at its grant. Its rest (the length less what the cut turn was billed) goes first once the
+        # gang's turn is over, as a task preempted goes on where it stopped
+        self.resume: tuple[InstanceState, int, int, int] | None = None
 
     def demand(self, inst: InstanceState, now: int) -> None:
         """Put an instance that (re)gains demand at the tail of the current round.
@@ -133,7 +133,7 @@ class VirtualTime(Policy):
             # the gang wait up to a whole turn more
             end, ext = min(now + length + ext, cut[0]), min(ext, cut[0] - now)
             if end - now - ext < length:
-                self.resume = (inst, length, inst.vruntime)
+                self.resume = (inst, length, inst.vruntime, self.vtime_weight(inst))
             return self.gpu.grant(inst, now, end, self, extension=ext)
         if self.contended(inst):
             return self.gpu.grant(inst, now, now + length + ext, self, extension=ext)
@@ -191,13 +191,16 @@ class VirtualTime(Policy):
         if not candidates:
             return []
         resume, self.resume = self.resume, None
-        if resume is not None and resume[0] in candidates:
-            # the rest of a turn a gang cut short. Taken by virtual time, its instance, having just had a part of a
-            # turn, went after the others: a round and more between two of its turns
-            inst, length, vr = resume
-            rest = length - (inst.vruntime - vr) * self.vtime_weight(inst) // VR_SCALE
-            if rest > 0:
+        if resume is not None and resume[0] in candidates and self.vtime_weight(resume[0]) == resume[3]:
+            # the rest of a turn a gang cut short (unless its weight changed since). Taken by virtual time, an
+            # instance that had part of its turn was behind by the rest: with little of it had, it went after the
+            # others; with most, it had a whole turn more right away. Either way another waited a round and more
+            inst, length, vr, weight = resume
+            rest = length - (inst.vruntime - vr) * weight // VR_SCALE
+            if rest > gpu.extension_for(inst):
                 return self.grant_turn(inst, now, rest)
+            if rest > 0:  # no longer than its hand-over, which would take it all: counted as had
+                gpu.charge_vtime(inst, rest, weight)
         inst, length = self.next_turn(candidates)
         return self.grant_turn(inst, now, length)
 
