@@ -214,6 +214,15 @@ def test_a_gang_forms_after_its_gpu_switches_from_native() -> None:
     assert d.share("J", 1, t0) == pytest.approx(50, abs=TOL_PP)
 
 
+def _idle_on_gpu_1(d: GangDriver) -> tuple[float, float]:
+    """From 0.5 s to 3.5 s: GPU 1's aligned idle as the book counts it, and as measured (free while someone waits),
+    in percent of the wall time."""
+    d.run(500 * MS)
+    i0, t0 = d.book.idle_ns(1, d.now), d.reset()
+    d.run(3500 * MS)
+    return 100 * (d.book.idle_ns(1, d.now) - i0) / (d.now - t0), 100 * d.free_waiting[1] / (d.now - t0)
+
+
 def test_gang_idle_counts_every_aligned_wait() -> None:
     """J on GPUs 0 and 1, A (3) on GPU 0, B on GPU 1 busy 5 ms of every 50: the aligned idle counter (gang_idle_seconds)
     is the time GPU 1 was free while J waited for its peer (it dropped an interval whenever B's short turn filled
@@ -224,11 +233,7 @@ def test_gang_idle_counts_every_aligned_wait() -> None:
     d.client("J", 1, 2)
     d.client("A", 0, 3)
     d.client("B", 1, 4, active=lambda t: (t // MS) % 50 < 5)
-    d.run(500 * MS)
-    i0, t0 = d.book.idle_ns(1, d.now), d.reset()
-    d.run(3500 * MS)
-    counted = 100 * (d.book.idle_ns(1, d.now) - i0) / (d.now - t0)
-    measured = 100 * d.free_waiting[1] / (d.now - t0)
+    counted, measured = _idle_on_gpu_1(d)
     assert measured == pytest.approx(67.5, abs=TOL_PP)
     assert counted == pytest.approx(measured, abs=TOL_PP)
 
@@ -456,10 +461,6 @@ def test_gang_idle_is_not_counted_while_a_high_priority_instance_holds_the_gpu()
     d = _quarter_gang()
     d.apply(d.scheds[1].add_instance("H", 1, True, d.now))
     d.client("H", 1, 9, active=lambda t: (t // MS) % 40 < 4)
-    d.run(500 * MS)
-    i0, t0 = d.book.idle_ns(1, d.now), d.reset()
-    d.run(3500 * MS)
-    counted = 100 * (d.book.idle_ns(1, d.now) - i0) / (d.now - t0)
-    measured = 100 * d.free_waiting[1] / (d.now - t0)
+    counted, measured = _idle_on_gpu_1(d)
     assert measured == pytest.approx(65, abs=1)
     assert counted == pytest.approx(measured, abs=TOL_PP)
