@@ -1986,6 +1986,72 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgrap
     return r;
 }
 
+/* Graphs holding memory nodes can be neither cloned nor embedded. cuGraphAddMemFreeNode in the driver API reference
+ * (Graph Management): "The following restrictions apply to graphs which contain allocation and/or memory free
+ * nodes: ... The graph cannot be used in a child node. ... The graph cannot be cloned."; cuGraphClone: "Cloning is
+ * not supported for graphs which contain memory allocation nodes, memory free nodes, or conditional nodes";
+ * cuGraphAddChildGraphNode: "If childGraph contains allocation nodes, free nodes, or conditional nodes, this call
+ * will return an error" (its only listed error for a valid call is CUDA_ERROR_INVALID_VALUE, which both return
+ * here). So every graph memory node belongs to a graph made by capture or cuGraphCreate, and the graph memory pool
+ * serves only those graphs' executable graphs. */
+static int gm_has_nodes(const struct CUgraph_st *g) { return g->allocs.n > 0 || g->frees.n > 0; }
+
+/* Appends n kernels of ns to g's sequence. */
+static CUresult graph_append(struct CUgraph_st *g, const uint64_t *ns, int n) {
+    if (g->n + n > g->cap) {
+        int cap = g->cap ? g->cap : 16;
+        while (cap < g->n + n)
+            cap *= 2;
+        uint64_t *grown = realloc(g->ns, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->ns = grown;
+        g->cap = cap;
+    }
+    if (n)
+        memcpy(g->ns + g->n, ns, (size_t)n * sizeof *ns);
+    g->n += n;
+    return CUDA_SUCCESS;
+}
+
+/* cuGraphClone: "creates a copy of originalGraph ... All parameters are copied into the cloned graph. The original
+ * graph may be modified after this call without affecting the clone." */
+EXPORT CUresult cuGraphClone(CUgraph *pg, CUgraph orig) {
+    CHECK_INIT();
+    if (!pg || !orig || gm_has_nodes(orig))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraph c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (graph_append(c, orig->ns, orig->n) != CUDA_SUCCESS) {
+        free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pg = c;
+    return CUDA_SUCCESS;
+}
+
+/* cuGraphAddChildGraphNode: "The node executes an embedded child graph. The child graph is cloned in this call." The
+ * fake's graph is a sequence: the child's kernels follow the graph's. Memory nodes may still be added to hGraph
+ * (the restriction is on the child). The node handle is a non-null tag: the fake's graph keeps no nodes. */
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                         CUgraph child) {
+    (void)deps, (void)ndeps;
+    CHECK_INIT();
+    if (!node || !g || !child || gm_has_nodes(child))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t *ns = malloc((size_t)(child->n ? child->n : 1) * sizeof *ns); /* child may be g itself */
+    if (!ns)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (child->n)
+        memcpy(ns, child->ns, (size_t)child->n * sizeof *ns);
+    CUresult r = graph_append(g, ns, child->n);
+    free(ns);
+    if (r == CUDA_SUCCESS)
+        *node = (CUgraphNode)(uintptr_t)(g->n + 1);
+    return r;
+}
+
 /* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD uploads into hUploadStream at instantiation; the result codes are not
  * modelled. */
 static CUresult graph_upload(CUgraphExec e, CUstream s);
@@ -2402,8 +2468,8 @@ static const struct {
     P(cuMipmappedArrayCreate), P(cuMipmappedArrayDestroy),
     /* graph memory nodes, IPC pools */
     PT(cuGraphUpload), PT(cuGraphInstantiateWithParams), P(cuGraphCreate), P(cuGraphAddMemAllocNode),
-    P(cuGraphAddMemFreeNode), P(cuDeviceGraphMemTrim), P(cuDeviceGetGraphMemAttribute),
-    P(cuDeviceSetGraphMemAttribute), V2(cuStreamGetCaptureInfo, 11030), P(cuMemPoolExportToShareableHandle),
+    P(cuGraphAddMemFreeNode), P(cuGraphClone), P(cuGraphAddChildGraphNode), P(cuDeviceGraphMemTrim),
+    P(cuDeviceGetGraphMemAttribute), P(cuDeviceSetGraphMemAttribute), V2(cuStreamGetCaptureInfo, 11030), P(cuMemPoolExportToShareableHandle),
     P(cuMemPoolImportFromShareableHandle), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer),
 #undef P
 #undef PT

@@ -15,9 +15,13 @@
  *     uploaded nor launched, and nothing changed. After the call the charge becomes what the pool reserves;
  *   - after cuDeviceGraphMemTrim and cuGraphExecDestroy the charge follows the pool down; a trim may unmap any idle
  *     executable graph, so each is treated as unmapped again (its next launch reserves ahead anew).
- * Growth the shim did not foresee (a child graph's or a cloned graph's nodes, which it does not count; a graph
- * instantiated through an entry point it does not hook, such as CUDA 11's five-argument cuGraphInstantiate; a
- * remap when a graph moves to another stream) is charged after the call if the limit allows; otherwise it is
+ * Child and cloned graphs need nothing: CUDA refuses to clone a graph holding memory nodes or to embed it in a child
+ * graph node, and to add memory nodes to a child node's graph (cuGraphAddMemFreeNode, cuGraphClone,
+ * cuGraphAddChildGraphNode and cuGraphChildGraphNodeGetGraph in the driver API reference), so every memory node is
+ * made in a graph of its own by capture or cuGraphAddMemAllocNode, as counted here.
+ * Growth the shim did not foresee (a graph instantiated through an entry point it does not hook, such as CUDA 11's
+ * five-argument cuGraphInstantiate; an executable graph changed by cuGraphExecUpdate; a remap when a graph moves to
+ * another stream) is charged after the call if the limit allows; otherwise it is
  * logged and left to the daemon's NVML check, as a launch cannot be undone. A host-located allocation node is not
  * counted. One lock guards the records and is held across a mapping call and its reservations, so that the
  * process maps one executable graph's memory at a time. */

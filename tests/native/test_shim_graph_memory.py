@@ -168,3 +168,25 @@ def test_a_process_importing_its_own_export_counts_it_once(native: Native, daemo
     assert [(s["name"], s["rc"], int(s["ledger"]) // MIB) for s in steps[1:]] == [
         ("export", "0", 300), ("import", "0", 300), ("importalloc", INVALID, 300), ("importfree", "0", 300),
         ("freeasync", "0", 300), ("sync", "0", 300)], steps
+
+
+def test_graphs_with_memory_nodes_are_neither_cloned_nor_embedded(native: Native, daemon_factory: type,
+                                                                  families: Path) -> None:
+    """CUDA refuses to clone a graph holding memory nodes or to embed it as a child graph (cuGraphAddMemFreeNode's
+    restrictions, cuGraphClone, cuGraphAddChildGraphNode): both fail with CUDA_ERROR_INVALID_VALUE and change
+    nothing, so no graph memory escapes the shim's count through them. A graph without memory nodes is cloned and
+    embedded; a graph holding such a child and a 900 MiB allocation node of its own is past the 1 GiB limit at its
+    upload (CUDA_ERROR_OUT_OF_MEMORY, nothing changed), and with 600 MiB it is charged at its launch."""
+    d = daemon_factory.start(*DAEMON)
+    steps = run(native, d, families, "node=300M", "clone", "child", "upload", "empty", "clone", "child=900M",
+                "upload", "gdestroy", "child=600M", "launch", "sync", "gfree", "sync",
+                CGPU_INSTANCE="clone", CGPU_MEM_LIMIT="1GiB")
+    exact(steps)
+    assert by(steps) == [("node", "0", 0, 0), ("clone", INVALID, 0, 0), ("child", INVALID, 0, 0),
+                         ("upload", "0", 300, 300), ("empty", "0", 300, 300), ("clone", "0", 300, 300),
+                         ("child", "0", 300, 300), ("upload", OOM, 300, 300), ("gdestroy", "0", 300, 300),
+                         ("child", "0", 300, 300), ("launch", "0", 900, 900), ("sync", "0", 900, -1),
+                         ("gfree", "0", 900, 900), ("sync", "0", 900, -1)], by(steps)
+    failed_changing_nothing(steps, 2, INVALID)
+    failed_changing_nothing(steps, 3, INVALID)
+    oom_changed_nothing(steps, 8)

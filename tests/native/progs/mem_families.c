@@ -32,6 +32,10 @@
  *                      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH; upload: by cuGraphInstantiateWithParams with
  *                      CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD into the stream); it becomes the last graph
  *   node=SIZE          a graph of one cuGraphAddMemAllocNode on device 0, instantiated
+ *   empty              an empty graph (cuGraphCreate), instantiated
+ *   clone              cuGraphClone of the last graph, instantiated; it becomes the last graph
+ *   child[=SIZE]       a new graph with a cuGraphAddChildGraphNode of the last graph (and, with SIZE, a
+ *                      cuGraphAddMemAllocNode of SIZE on device 0 of its own), instantiated; it becomes the last graph
  *   upload launch      cuGraphUpload / cuGraphLaunch of the last graph, on the stream
  *   gfree              cuMemFreeAsync of every graph allocation a launch left live (those without a free node)
  *   gtrim              cuDeviceGraphMemTrim(0)      gdestroy   cuGraphExecDestroy + cuGraphDestroy of the last graph
@@ -86,6 +90,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGraphCreate(CUgraph *, unsigned);
+CUresult cuGraphClone(CUgraph *, CUgraph);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
@@ -127,7 +133,7 @@ static void keep(int kind, uint64_t v) {
 
 static char extra[256]; /* more of the action's results, printed after its name */
 
-/* Graphs: each made by capture= or node=, the last one acted on. */
+/* Graphs: each made by capture=, node=, empty, clone or child, the last one acted on. */
 static struct {
     CUgraph g;
     CUgraphExec e;
@@ -141,7 +147,40 @@ static int nglive;
 static CUresult graph_action(const char *a, const char *v, CUstream stream) {
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     size_t n = v ? size_of(v) : 0;
-    if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0) {
+    int derived = strcmp(a, "empty") == 0 || strcmp(a, "clone") == 0 || strcmp(a, "child") == 0;
+    if (derived && a[1] != 'm' && ngraphs == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (derived) { /* a graph made empty or from the last one */
+        if (ngraphs == 64)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        CUgraph g = NULL;
+        CUdeviceptr p = 0;
+        if (a[1] == 'l') {
+            r = cuGraphClone(&g, graphs[ngraphs - 1].g);
+        } else {
+            r = cuGraphCreate(&g, 0);
+            CUgraphNode node;
+            if (r == CUDA_SUCCESS && a[1] == 'h')
+                r = cuGraphAddChildGraphNode(&node, g, NULL, 0, graphs[ngraphs - 1].g);
+            CUDA_MEM_ALLOC_NODE_PARAMS params = {
+                .poolProps = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}},
+                .bytesize = n};
+            if (r == CUDA_SUCCESS && n)
+                r = cuGraphAddMemAllocNode(&node, g, NULL, 0, &params);
+            p = params.dptr;
+        }
+        CUgraphExec e = NULL;
+        if (r == CUDA_SUCCESS)
+            r = cuGraphInstantiateWithFlags(&e, g, 0);
+        if (r != CUDA_SUCCESS && g)
+            cuGraphDestroy(g);
+        if (r == CUDA_SUCCESS) {
+            graphs[ngraphs].g = g;
+            graphs[ngraphs].e = e;
+            graphs[ngraphs].p = p;
+            graphs[ngraphs++].freed_in = p == 0;
+        }
+    } else if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0) {
         if (ngraphs == 64)
             return CUDA_ERROR_OUT_OF_MEMORY;
         CUgraph g = NULL;
@@ -382,7 +421,8 @@ int main(int argc, char **argv) {
             snprintf(extra, sizeof extra, "ns=%.0f ", n ? ns / (double)n : 0.0);
         } else if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0 || strcmp(a, "upload") == 0 ||
                    strcmp(a, "launch") == 0 || strcmp(a, "gdestroy") == 0 || strcmp(a, "gfree") == 0 ||
-                   strcmp(a, "gtrim") == 0) {
+                   strcmp(a, "gtrim") == 0 || strcmp(a, "empty") == 0 || strcmp(a, "clone") == 0 ||
+                   strcmp(a, "child") == 0) {
             if (strcmp(a, "gfree") == 0) {
                 r = CUDA_SUCCESS;
                 for (int k = 0; k < nglive; k++)
