@@ -49,6 +49,7 @@ struct CUgraph_st {
     int n, cap;
     uint64_t *ns; /* the spin kernels captured, in order */
     struct gm_list allocs, frees; /* its memory nodes */
+    struct CUgraphExec_st *inst;  /* its executable graph, if it has memory nodes (at most one: gm_instantiate) */
 };
 struct CUgraphExec_st {
     int n;
@@ -59,6 +60,7 @@ struct CUgraphExec_st {
     CUcontext ctx;                /* its last launch: (ctx, seq) */
     uint64_t seq;
     struct CUgraphExec_st *next;  /* every exec with memory nodes */
+    struct CUgraph_st *from;      /* the graph it was instantiated from, while both exist (memory nodes only) */
 };
 
 typedef struct op {
@@ -1007,10 +1009,11 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned
     }
     if (g->n)
         memcpy(e->ns, g->ns, (size_t)g->n * sizeof *e->ns);
-    if (gm_instantiate(e, g, flags) != CUDA_SUCCESS) {
+    CUresult r = gm_instantiate(e, g, flags);
+    if (r != CUDA_SUCCESS) {
         free(e->ns);
         free(e);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return r;
     }
     *pe = e;
     return CUDA_SUCCESS;
@@ -1864,6 +1867,9 @@ static CUresult gm_free_outside(CUdeviceptr p) {
 
 static void gm_graph_release(struct CUgraph_st *g) {
     pthread_mutex_lock(&gm_mu);
+    if (g->inst)
+        g->inst->from = NULL;
+    g->inst = NULL;
     for (int k = 0; k < g->allocs.n; k++)
         gm_unref(g->allocs.v[k]);
     for (int k = 0; k < g->frees.n; k++)
@@ -1874,11 +1880,19 @@ static void gm_graph_release(struct CUgraph_st *g) {
     g->allocs = g->frees = (struct gm_list){0};
 }
 
+/* A graph with memory nodes has at most one executable graph at a time: "Only one instantiation of the graph may
+ * exist at any point in time" (cuGraphAddMemFreeNode's restrictions on graphs with allocation or free nodes, driver
+ * API reference); cuGraphInstantiate names no error code for a second one: CUDA_ERROR_INVALID_VALUE here. Once
+ * cuGraphExecDestroy destroyed the first (even with allocations of it still live), another may be made. */
 static CUresult gm_instantiate(CUgraphExec e, CUgraph g, unsigned long long flags) {
     e->flags = flags;
     if (!g->allocs.n && !g->frees.n)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&gm_mu);
+    if (g->inst) {
+        pthread_mutex_unlock(&gm_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     int ok = 1;
     for (int k = 0; ok && k < g->allocs.n; k++)
         ok = gm_push(&e->allocs, g->allocs.v[k]) == 0;
@@ -1891,6 +1905,8 @@ static CUresult gm_instantiate(CUgraphExec e, CUgraph g, unsigned long long flag
             e->frees.v[k]->refs++;
         e->next = gm_execs;
         gm_execs = e;
+        e->from = g;
+        g->inst = e;
     } else {
         free(e->allocs.v);
         free(e->frees.v);
@@ -1941,6 +1957,9 @@ static int gm_exec_destroy(CUgraphExec e) {
     if (!e->allocs.n && !e->frees.n)
         return 0;
     pthread_mutex_lock(&gm_mu);
+    if (e->from)
+        e->from->inst = NULL;
+    e->from = NULL;
     int stays = gm_live_of(e) > 0;
     if (stays)
         e->destroyed = 1;
@@ -2469,7 +2488,8 @@ static const struct {
     /* graph memory nodes, IPC pools */
     PT(cuGraphUpload), PT(cuGraphInstantiateWithParams), P(cuGraphCreate), P(cuGraphAddMemAllocNode),
     P(cuGraphAddMemFreeNode), P(cuGraphClone), P(cuGraphAddChildGraphNode), P(cuDeviceGraphMemTrim),
-    P(cuDeviceGetGraphMemAttribute), P(cuDeviceSetGraphMemAttribute), V2(cuStreamGetCaptureInfo, 11030), P(cuMemPoolExportToShareableHandle),
+    P(cuDeviceGetGraphMemAttribute), P(cuDeviceSetGraphMemAttribute), V2(cuStreamGetCaptureInfo, 11030),
+    P(cuMemPoolExportToShareableHandle),
     P(cuMemPoolImportFromShareableHandle), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer),
 #undef P
 #undef PT

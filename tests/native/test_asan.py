@@ -112,8 +112,9 @@ def test_every_memory_family_under_asan(native_asan: Native, daemon_factory: typ
 def test_graph_memory_and_imported_pools_under_asan(native_asan: Native, daemon_factory: type, tmp_path: Path) -> None:
     """progs/mem_families.c, ASan-built, under the ASan-built shim and fakes: graphs with captured and explicit
     allocation nodes uploaded, launched past the limit, left live, freed, destroyed and trimmed; a graph with memory
-    nodes refused as a clone and as a child, a graph without them cloned and embedded beside an allocation node; a
-    pool exported and imported back into the same process, allocated from (refused) and freed."""
+    nodes refused a second instantiation, as a clone and as a child, reinstantiated, a graph without them cloned and
+    embedded beside an allocation node; a pool exported and imported back into the same process, allocated from
+    (refused) and freed."""
     from libcgpu_client.native import build as nb
     from tests.native.conftest import PROGS, fields
 
@@ -122,14 +123,14 @@ def test_graph_memory_and_imported_pools_under_asan(native_asan: Native, daemon_
     d = daemon_factory.start(*DAEMON)
     res = subprocess.run([str(prog), "capture=300M,free", "upload", "launch", "capture=800M", "launch", "gdestroy",
                           "capture=200M,auto", "launch", "launch", "gfree", "sync", "node=100M", "launch", "gfree",
-                          "sync", "gtrim", "gdestroy", "gdestroy", "gdestroy", "gtrim", "node=50M", "clone", "child",
-                          "empty", "clone", "child=50M", "launch", "gfree", "sync", "gdestroy", "gdestroy", "gdestroy",
-                          "gdestroy", "gtrim", "export=100M", "import=self",
+                          "sync", "gtrim", "gdestroy", "gdestroy", "gdestroy", "gtrim", "node=50M", "again",
+                          "reinst", "clone", "child", "empty", "clone", "child=50M", "launch", "gfree", "sync",
+                          "gdestroy", "gdestroy", "gdestroy", "gdestroy", "gtrim", "export=100M", "import=self",
                           "importalloc=10M", "importfree", "freeasync", "ctxsync"],
                          env=native_asan.env(d, CGPU_INSTANCE="gfam", CGPU_MEM_LIMIT="1GiB", FAKECUDA_CTX_MB="100"),
                          capture_output=True, text=True, timeout=120)
     clean(res)
     steps = [fields(ln) for ln in res.stdout.splitlines()]
     assert all(s["ledger"] == s["held"] for s in steps), steps
-    assert [(s["name"], s["rc"]) for s in steps if s["rc"] != "0"] == [("launch", "2"), ("clone", "1"), ("child", "1"),
-                                                                     ("importalloc", "1")], steps
+    assert [(s["name"], s["rc"]) for s in steps if s["rc"] != "0"] == [
+        ("launch", "2"), ("again", "1"), ("clone", "1"), ("child", "1"), ("importalloc", "1")], steps

@@ -190,3 +190,20 @@ def test_graphs_with_memory_nodes_are_neither_cloned_nor_embedded(native: Native
     failed_changing_nothing(steps, 2, INVALID)
     failed_changing_nothing(steps, 3, INVALID)
     oom_changed_nothing(steps, 8)
+
+
+def test_a_graph_with_memory_nodes_has_one_executable_graph_at_a_time(native: Native, daemon_factory: type,
+                                                                       families: Path) -> None:
+    """CUDA allows one instantiation at a time of a graph holding memory nodes (cuGraphAddMemFreeNode's
+    restrictions): a second instantiation fails with CUDA_ERROR_INVALID_VALUE and changes nothing, so the shim never
+    counts one graph's allocation nodes for two executable graphs. Once the first is destroyed, a new one is made,
+    and its upload is served from what the pool kept (no new charge)."""
+    d = daemon_factory.start(*DAEMON)
+    steps = run(native, d, families, "node=300M", "upload", "again", "reinst", "again", "upload", "launch", "gfree",
+                "sync", CGPU_INSTANCE="once", CGPU_MEM_LIMIT="1GiB")
+    exact(steps)
+    assert by(steps) == [("node", "0", 0, 0), ("upload", "0", 300, 300), ("again", INVALID, 300, 300),
+                         ("reinst", "0", 300, 300), ("again", INVALID, 300, 300), ("upload", "0", 300, 300),
+                         ("launch", "0", 300, 300), ("gfree", "0", 300, 300), ("sync", "0", 300, -1)], by(steps)
+    failed_changing_nothing(steps, 3, INVALID)
+    failed_changing_nothing(steps, 5, INVALID)

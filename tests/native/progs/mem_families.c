@@ -36,6 +36,8 @@
  *   clone              cuGraphClone of the last graph, instantiated; it becomes the last graph
  *   child[=SIZE]       a new graph with a cuGraphAddChildGraphNode of the last graph (and, with SIZE, a
  *                      cuGraphAddMemAllocNode of SIZE on device 0 of its own), instantiated; it becomes the last graph
+ *   again              a second cuGraphInstantiateWithFlags of the last graph (destroyed at once if made)
+ *   reinst             cuGraphExecDestroy of the last graph's executable graph, then cuGraphInstantiateWithFlags
  *   upload launch      cuGraphUpload / cuGraphLaunch of the last graph, on the stream
  *   gfree              cuMemFreeAsync of every graph allocation a launch left live (those without a free node)
  *   gtrim              cuDeviceGraphMemTrim(0)      gdestroy   cuGraphExecDestroy + cuGraphDestroy of the last graph
@@ -231,6 +233,15 @@ static CUresult graph_action(const char *a, const char *v, CUstream stream) {
             known |= glive[k] == graphs[ngraphs - 1].p;
         if (r == CUDA_SUCCESS && !graphs[ngraphs - 1].freed_in && !known && nglive < 64)
             glive[nglive++] = graphs[ngraphs - 1].p;
+    } else if (strcmp(a, "again") == 0) {
+        CUgraphExec e = NULL;
+        r = cuGraphInstantiateWithFlags(&e, graphs[ngraphs - 1].g, 0);
+        if (r == CUDA_SUCCESS)
+            cuGraphExecDestroy(e);
+    } else if (strcmp(a, "reinst") == 0) {
+        r = cuGraphExecDestroy(graphs[ngraphs - 1].e);
+        if (r == CUDA_SUCCESS)
+            r = cuGraphInstantiateWithFlags(&graphs[ngraphs - 1].e, graphs[ngraphs - 1].g, 0);
     } else if (strcmp(a, "gdestroy") == 0) {
         ngraphs--;
         r = cuGraphExecDestroy(graphs[ngraphs].e);
@@ -422,7 +433,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0 || strcmp(a, "upload") == 0 ||
                    strcmp(a, "launch") == 0 || strcmp(a, "gdestroy") == 0 || strcmp(a, "gfree") == 0 ||
                    strcmp(a, "gtrim") == 0 || strcmp(a, "empty") == 0 || strcmp(a, "clone") == 0 ||
-                   strcmp(a, "child") == 0) {
+                   strcmp(a, "child") == 0 || strcmp(a, "again") == 0 || strcmp(a, "reinst") == 0) {
             if (strcmp(a, "gfree") == 0) {
                 r = CUDA_SUCCESS;
                 for (int k = 0; k < nglive; k++)
