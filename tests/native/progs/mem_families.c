@@ -146,6 +146,19 @@ static int ngraphs;
 static CUdeviceptr glive[64]; /* graph allocations a launch left live */
 static int nglive;
 
+/* The graph just built: kept with its executable graph where it was instantiated (r: success), else destroyed. */
+static CUresult keep_graph(CUresult r, CUgraph g, CUgraphExec e, CUdeviceptr p, int freed) {
+    if (r != CUDA_SUCCESS && g)
+        cuGraphDestroy(g);
+    if (r == CUDA_SUCCESS) {
+        graphs[ngraphs].g = g;
+        graphs[ngraphs].e = e;
+        graphs[ngraphs].p = p;
+        graphs[ngraphs++].freed_in = freed;
+    }
+    return r;
+}
+
 static CUresult graph_action(const char *a, const char *v, CUstream stream) {
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     size_t n = v ? size_of(v) : 0;
@@ -174,14 +187,7 @@ static CUresult graph_action(const char *a, const char *v, CUstream stream) {
         CUgraphExec e = NULL;
         if (r == CUDA_SUCCESS)
             r = cuGraphInstantiateWithFlags(&e, g, 0);
-        if (r != CUDA_SUCCESS && g)
-            cuGraphDestroy(g);
-        if (r == CUDA_SUCCESS) {
-            graphs[ngraphs].g = g;
-            graphs[ngraphs].e = e;
-            graphs[ngraphs].p = p;
-            graphs[ngraphs++].freed_in = p == 0;
-        }
+        r = keep_graph(r, g, e, p, p == 0);
     } else if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0) {
         if (ngraphs == 64)
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -214,14 +220,7 @@ static CUresult graph_action(const char *a, const char *v, CUstream stream) {
         if (r == CUDA_SUCCESS)
             r = strstr(v, ",upload") ? cuGraphInstantiateWithParams(&e, g, &params)
                                      : cuGraphInstantiateWithFlags(&e, g, flags);
-        if (r != CUDA_SUCCESS && g)
-            cuGraphDestroy(g);
-        if (r == CUDA_SUCCESS) {
-            graphs[ngraphs].g = g;
-            graphs[ngraphs].e = e;
-            graphs[ngraphs].p = p;
-            graphs[ngraphs++].freed_in = freed;
-        }
+        r = keep_graph(r, g, e, p, freed);
     } else if (ngraphs == 0) {
         return CUDA_ERROR_INVALID_VALUE;
     } else if (strcmp(a, "upload") == 0) {
