@@ -168,10 +168,9 @@ class GangBook:
         if self._dirty:
             self._recount()
         want: dict[str, tuple[int, ...]] = {}
-        busy_on: dict[str, tuple[int, ...]] = {}
         for name, gpus in self._multi.items():
-            busy = busy_on[name] = tuple(g for g in gpus if self._has_demand(g, name)
-                                         or self._busy.get((g, name), -self.window_ns - 1) >= now - self.window_ns)
+            busy = tuple(g for g in gpus if self._has_demand(g, name)
+                         or self._busy.get((g, name), -self.window_ns - 1) >= now - self.window_ns)
             paused = tuple(g for g in self._paused.get(name, ()) if g in gpus)
             if len(busy) > 1:
                 want[name] = busy
@@ -181,10 +180,10 @@ class GangBook:
                 # waited in a collective for the GPU the other held (until an idle release or overrun_ms)
                 want[name] = paused
                 for g in paused:
-                    self._busy[(g, name)] = max(self._busy.get((g, name), now), now)
+                    self._busy[(g, name)] = now
         for name, gang in list(self.gangs.items()):
             if want.get(name) != gang.gpus:
-                if name in busy_on and not any(self._has_demand(g, name) for g in gang.gpus):
+                if name in self._multi and not any(self._has_demand(g, name) for g in gang.gpus):
                     # none of its GPUs has work now (one may still be within the window: its ranks stopped in
                     # turn): the job paused
                     self._paused[name] = gang.gpus
@@ -441,13 +440,7 @@ class GangBook:
 
     def fence(self, gpu: int, now: int) -> int | None:
         """Where a turn granted on ``gpu`` now must end: where the last peer's current turn ends, for the gang
-        armed over ``gpu`` (now: it waits only for a peer running past its deadline). Asked as a turn is granted."""
-        end = self._fence_at(gpu, now)
-        if end is not None and end > now:  # the gap is filled: this GPU is not idle for the gang
-            self._busy_end(gpu, now)
-        return end
-
-    def _fence_at(self, gpu: int, now: int) -> int | None:
+        armed over ``gpu`` (now: it waits only for a peer running past its deadline)."""
         for gang in self._on.get(gpu, ()):
             if gang.armed:
                 end = now
@@ -463,13 +456,10 @@ class GangBook:
 
     def due(self, gpu: int, now: int) -> int | None:
         """Where a turn granted on ``gpu`` now should end at the latest: where a gang over it, not yet armed, will
-        be (its credit paying for half a turn by then, and its peers' current turns over). A turn that ran past
-        that point would arm the gang at its grant and hold the gang's start back to its own end, while the
-        peers' turns are cut to it (:meth:`fence`): the gang's wait grew by up to a whole turn of another tenant.
-        Asked as a turn is granted (:meth:`fence` found no gang armed)."""
-        return self._due_at(gpu, now)
-
-    def _due_at(self, gpu: int, now: int) -> int | None:
+        be (its credit paying for half a turn by then, and its peers' current turns over: as :meth:`sync` arms
+        it). A turn that ran past that point would arm the gang at its grant and hold the gang's start back to its
+        own end, while the peers' turns are cut to it (:meth:`fence`): the gang's wait grew by up to a whole turn
+        of another tenant."""
         at: int | None = None
         for gang in self._on.get(gpu, ()):
             if gang.armed or gang.rate <= 0 or self._in_turn(gang, now) or not self._waits(gang) \
@@ -477,14 +467,8 @@ class GangBook:
                 continue
             credit = gang.credit + gang.rate * max(0, now - gang.t)
             missing = (gang.turn_len or self.turn_ns(gang)) // 2 - credit
-            end = now + max(0, int(missing / gang.rate) + 1)
-            for g in gang.gpus:
-                lease = self.members[g].rq.lease
-                if g != gpu and lease is not None and lease.inst.name != gang.name and lease.revoked_ns is None:
-                    end = max(end, lease.nominal_ns if lease.nominal_ns is not None else lease.deadline_ns)
-                kept = self.kept_until(g, now)
-                if g != gpu and kept is not None:
-                    end = max(end, kept[1])
+            end = max(now + max(0, int(missing / gang.rate) + 1), now + self._busy_for(gang, now),
+                      *(kept[1] for g in gang.gpus if g != gpu and (kept := self.kept_until(g, now)) is not None))
             if end > now and (at is None or end < at):
                 at = end
         return at
@@ -523,7 +507,7 @@ class GangBook:
                 if self._free(gang, now):
                     return self._grant(gang, now, self.turn_ns(gang))
                 self._idle(gpu, now)
-                fence = self._fence_at(gpu, now)
+                fence = self.fence(gpu, now)
                 # the gang starts now (a peer runs past its deadline): nothing fits before it; else the GPU's
                 # tenants fill the gap, within the fence
                 return [] if fence is not None and fence <= now else None
