@@ -57,6 +57,8 @@ struct CUgraphExec_st {
     struct gm_list allocs, frees; /* its graph's memory nodes, at instantiation */
     unsigned long long flags;
     int mapped, destroyed;        /* the graph memory pool backs its allocations; destroyed with some still live */
+    int remap;                    /* updated while mapped (cuGraphExecUpdate): maps anew at its next upload/launch */
+    size_t maps[MAX_DEVICES];     /* what its mapping takes of each device's graph memory pool */
     CUcontext ctx;                /* its last launch: (ctx, seq) */
     uint64_t seq;
     struct CUgraphExec_st *next;  /* every exec with memory nodes */
@@ -1780,13 +1782,14 @@ static size_t gm_need(const struct CUgraphExec_st *e, int dev) {
 }
 
 /* Under gm_mu: back e's allocations with the graph memory pool; CUDA_ERROR_OUT_OF_MEMORY, and nothing changed,
- * when a device lacks what the pool must reserve. */
+ * when a device lacks what the pool must reserve. An executable graph updated while mapped maps anew: what it
+ * mapped before serves first. */
 static CUresult gm_map(struct CUgraphExec_st *e) {
-    if (e->mapped)
+    if (e->mapped && !e->remap)
         return CUDA_SUCCESS;
     size_t grown[MAX_DEVICES] = {0};
     for (int d = 0; d < D.ndev; d++) {
-        size_t need = gm_need(e, d), room = gm_pool[d].reserved - gm_pool[d].used;
+        size_t need = gm_need(e, d), room = gm_pool[d].reserved - gm_pool[d].used + (e->mapped ? e->maps[d] : 0);
         if (need <= room)
             continue;
         grown[d] = round_granule(need - room);
@@ -1798,13 +1801,16 @@ static CUresult gm_map(struct CUgraphExec_st *e) {
     }
     for (int d = 0; d < D.ndev; d++) {
         gm_pool[d].reserved += grown[d];
-        gm_pool[d].used += gm_need(e, d);
+        gm_pool[d].used -= e->mapped ? e->maps[d] : 0;
+        e->maps[d] = gm_need(e, d);
+        gm_pool[d].used += e->maps[d];
         if (gm_pool[d].reserved > gm_pool[d].reserved_high)
             gm_pool[d].reserved_high = gm_pool[d].reserved;
         if (gm_pool[d].used > gm_pool[d].used_high)
             gm_pool[d].used_high = gm_pool[d].used;
     }
     e->mapped = 1;
+    e->remap = 0;
     return CUDA_SUCCESS;
 }
 
@@ -1812,9 +1818,11 @@ static CUresult gm_map(struct CUgraphExec_st *e) {
 static void gm_unmap(struct CUgraphExec_st *e) {
     if (!e->mapped)
         return;
-    for (int d = 0; d < D.ndev; d++)
-        gm_pool[d].used -= gm_need(e, d);
-    e->mapped = 0;
+    for (int d = 0; d < D.ndev; d++) {
+        gm_pool[d].used -= e->maps[d];
+        e->maps[d] = 0;
+    }
+    e->mapped = e->remap = 0;
 }
 
 static int gm_live_of(const struct CUgraphExec_st *e) {
@@ -2109,6 +2117,85 @@ static CUresult graph_upload(CUgraphExec e, CUstream s) {
 EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) { return graph_upload(e, s); }
 EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return graph_upload(e, s); }
 
+/* cuGraphExecUpdate (driver API reference, Graph Management) "Updates the node parameters in the instantiated graph
+ * specified by hGraphExec with the node parameters in a topologically identical graph specified by hGraph";
+ * CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED when "The count of nodes directly in hGraphExec and hGraph differ"
+ * (errorNode NULL), CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED "if the type of a node changed", and
+ * CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE for every refusal. The fake's graph is a sequence of kernels and its memory
+ * nodes: the nodes are paired by kind and order (its dependencies are not modelled, nor is errorNode of a type
+ * change). Its limitations list nothing for memory nodes, so an allocation node's size may change; the Programming
+ * Guide's "Graph Update Limitations" has one for them: "It is not possible to update a cudaGraphExec_t with a
+ * cudaGraph_t if the cudaGraph_t is currently instantiated as a different cudaGraphExec_t" (CU_GRAPH_EXEC_UPDATE_ERROR
+ * here, no code being named). The executable graph then holds hGraph's allocations: hGraph counts as instantiated
+ * as it (its previous graph no longer does). Mapping is done at upload or launch ("First Launch /
+ * cudaGraphUpload"): an executable graph updated while mapped keeps its mapping until its next upload or launch
+ * maps the new sizes (a trim may unmap it before). CUDA documents nothing for an update while allocations of the
+ * executable graph's previous launch are live: the fake refuses it (CU_GRAPH_EXEC_UPDATE_ERROR) rather than guess
+ * whose allocations they become. */
+static CUgraphExecUpdateResult gm_update(CUgraphExec e, CUgraph g) {
+    if (!gm_has_nodes(g))
+        return CU_GRAPH_EXEC_UPDATE_SUCCESS; /* nor has e: the counts matched */
+    pthread_mutex_lock(&gm_mu);
+    struct gm_list allocs = {0}, frees = {0};
+    int ok = (!g->inst || g->inst == e) && gm_live_of(e) == 0;
+    for (int k = 0; ok && k < g->allocs.n; k++)
+        ok = gm_push(&allocs, g->allocs.v[k]) == 0;
+    for (int k = 0; ok && k < g->frees.n; k++)
+        ok = gm_push(&frees, g->frees.v[k]) == 0;
+    if (ok) {
+        for (int k = 0; k < allocs.n; k++)
+            allocs.v[k]->refs++;
+        for (int k = 0; k < frees.n; k++)
+            frees.v[k]->refs++;
+        for (int k = 0; k < e->allocs.n; k++)
+            gm_unref(e->allocs.v[k]);
+        for (int k = 0; k < e->frees.n; k++)
+            gm_unref(e->frees.v[k]);
+        free(e->allocs.v);
+        free(e->frees.v);
+        e->allocs = allocs;
+        e->frees = frees;
+        if (e->from)
+            e->from->inst = NULL;
+        e->from = g;
+        g->inst = e;
+        e->remap = e->mapped;
+    } else {
+        free(allocs.v);
+        free(frees.v);
+    }
+    pthread_mutex_unlock(&gm_mu);
+    return ok ? CU_GRAPH_EXEC_UPDATE_SUCCESS : CU_GRAPH_EXEC_UPDATE_ERROR;
+}
+
+static CUresult exec_update(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info) {
+    CHECK_INIT();
+    CUgraphExecUpdateResultInfo out = {.result = CU_GRAPH_EXEC_UPDATE_ERROR}; /* "if passed an invalid value" */
+    if (e && g && e->n + e->allocs.n + e->frees.n != g->n + g->allocs.n + g->frees.n)
+        out.result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    else if (e && g && (e->n != g->n || e->allocs.n != g->allocs.n))
+        out.result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+    else if (e && g && (out.result = gm_update(e, g)) == CU_GRAPH_EXEC_UPDATE_SUCCESS && g->n)
+        memcpy(e->ns, g->ns, (size_t)g->n * sizeof *e->ns); /* the kernels' parameters */
+    if (info)
+        *info = out;
+    return out.result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+}
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info) {
+    return exec_update(e, g, info);
+}
+/* CUDA 10.2 to 11's ABI, which cuda.h of CUDA 12 keeps under this name: the result in two out-parameters. */
+EXPORT CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *error_node,
+                                  CUgraphExecUpdateResult *result) {
+    CUgraphExecUpdateResultInfo info = {.result = CU_GRAPH_EXEC_UPDATE_ERROR};
+    CUresult r = exec_update(e, g, &info);
+    if (error_node)
+        *error_node = info.errorNode;
+    if (result)
+        *result = info.result;
+    return r;
+}
+
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
     CHECK_INIT();
     if (d < 0 || d >= D.ndev)
@@ -2121,7 +2208,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
             busy = e->ctx->done_seq < e->seq; /* scheduled or running */
             pthread_mutex_unlock(&e->ctx->mu);
         }
-        if (e->mapped && !busy && gm_live_of(e) == 0 && gm_need(e, d) > 0)
+        if (e->mapped && !busy && gm_live_of(e) == 0 && e->maps[d] > 0)
             gm_unmap(e);
     }
     size_t keep = round_granule(gm_pool[d].used);
@@ -2489,6 +2576,7 @@ static const struct {
     PT(cuGraphUpload), PT(cuGraphInstantiateWithParams), P(cuGraphCreate), P(cuGraphAddMemAllocNode),
     P(cuGraphAddMemFreeNode), P(cuGraphClone), P(cuGraphAddChildGraphNode), P(cuDeviceGraphMemTrim),
     P(cuDeviceGetGraphMemAttribute), P(cuDeviceSetGraphMemAttribute), V2(cuStreamGetCaptureInfo, 11030),
+    {"cuGraphExecUpdate", (void *)cuGraphExecUpdate, (void *)cuGraphExecUpdate_v2, NULL, 12000},
     P(cuMemPoolExportToShareableHandle),
     P(cuMemPoolImportFromShareableHandle), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer),
 #undef P

@@ -41,7 +41,8 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201, CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600, CUDA_ERROR_NOT_SUPPORTED = 801, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
-    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901, CUDA_ERROR_UNKNOWN = 999,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+    CUDA_ERROR_UNKNOWN = 999,
 };
 
 /* cuGetProcAddress flags and results */
@@ -138,6 +139,17 @@ typedef struct {
     CUgraphNode hErrNode_out;
     int result_out;           /* CUgraphInstantiateResult */
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
+/* cuGraphExecUpdate's result (cuda.h: CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo of CUDA 12) */
+typedef enum { CU_GRAPH_EXEC_UPDATE_SUCCESS = 0, CU_GRAPH_EXEC_UPDATE_ERROR = 1,
+               CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 2, CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 3,
+               CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED = 4, CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED = 5,
+               CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED = 6, CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE = 7,
+               CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED = 8 } CUgraphExecUpdateResult;
+typedef struct {
+    CUgraphExecUpdateResult result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
 typedef int CUmemAllocationHandleType;
 enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
 typedef struct { unsigned char reserved[64]; } CUmemPoolPtrExportData;
