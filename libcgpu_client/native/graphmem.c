@@ -19,14 +19,25 @@
  * graph node, and to add memory nodes to a child node's graph (cuGraphAddMemFreeNode, cuGraphClone,
  * cuGraphAddChildGraphNode and cuGraphChildGraphNodeGetGraph in the driver API reference), so every memory node is
  * made in a graph of its own by capture or cuGraphAddMemAllocNode, as counted here.
+ * cuGraphExecUpdate_v2 (and CUDA 11's cuGraphExecUpdate, its result in two out-parameters) gives an executable
+ * graph the node parameters of a "topologically identical" graph, its allocation nodes' sizes included: the driver
+ * API reference (Graph Management, cuGraphExecUpdate) lists no limitation on memory nodes, and the Programming
+ * Guide's "Graph Update Limitations" one only: "It is not possible to update a cudaGraphExec_t with a cudaGraph_t
+ * if the cudaGraph_t is currently instantiated as a different cudaGraphExec_t" (a moved child graph cannot be an
+ * argument either, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE; the node-level cuGraphExecNodeSetParams is "API
+ * unsupported" for memory nodes). So an update may change what an executable graph maps: on success it takes its
+ * new graph's count and is treated as unmapped, so that its next upload or launch reserves ahead; a refused update
+ * (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) changes nothing. What the driver still maps for the previous parameters
+ * (what the pool's USED_MEM_CURRENT did not give back at the update: `stale`) counts as room for that mapping, and
+ * goes with the next mapping call or trim.
  * Growth the shim did not foresee (a graph instantiated through an entry point it does not hook, such as CUDA 11's
- * five-argument cuGraphInstantiate; an executable graph changed by cuGraphExecUpdate; a remap when a graph moves to
- * another stream) is charged after the call if the limit allows; otherwise it is
- * logged and left to the daemon's NVML check, as a launch cannot be undone. A host-located allocation node is not
- * counted. One lock guards the records and is held across a mapping call and its reservations, so that the
- * process maps one executable graph's memory at a time. */
+ * five-argument cuGraphInstantiate; a remap when a graph moves to another stream) is charged after the call if the
+ * limit allows; otherwise it is logged and left to the daemon's NVML check, as a launch cannot be undone. A
+ * host-located allocation node is not counted. One lock guards the records and is held across a mapping call (and
+ * an update) and its reservations, so that the process maps one executable graph's memory at a time. */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <string.h>
 
 #include "memory.h"
 
@@ -41,7 +52,8 @@ typedef struct gm_graph {
 typedef struct gm_exec {
     CUgraphExec e;
     int64_t need[CGPU_MAX_GPUS];
-    int mapped; /* uploaded or launched through the shim, and no trim since */
+    int64_t stale[CGPU_MAX_GPUS]; /* mapped for its parameters before a cuGraphExecUpdate, until it maps again */
+    int mapped; /* uploaded or launched through the shim, and no trim or update since */
     struct gm_exec *next;
 } gm_exec;
 
@@ -159,9 +171,10 @@ static void instantiated(CUgraphExec e, CUgraph g) {
     pthread_mutex_unlock(&mu);
 }
 
-/* Under mu: reserve what mapping r's allocations may take from each device beyond what the pools hold unmapped;
- * into ahead. CUDA_SUCCESS, or the error to return with nothing changed. */
-static CUresult reserve_ahead(const int64_t *need, int64_t *ahead) {
+/* Under mu: reserve what mapping need may take from each device beyond what the pools hold unmapped and what the
+ * executable graph still maps (stale, or NULL); into ahead. CUDA_SUCCESS, or the error to return with nothing
+ * changed. */
+static CUresult reserve_ahead(const int64_t *need, const int64_t *stale, int64_t *ahead) {
     for (int p = 0; p < CGPU_MAX_GPUS; p++) {
         ahead[p] = 0;
         if (need[p] <= 0)
@@ -169,7 +182,7 @@ static CUresult reserve_ahead(const int64_t *need, int64_t *ahead) {
         settle(p); /* what a trim or a destroy released meanwhile */
         int64_t reserved = pool_attr(p, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
         int64_t used = pool_attr(p, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
-        int64_t room = reserved >= 0 && used >= 0 && reserved > used ? reserved - used : 0;
+        int64_t room = (reserved >= 0 && used >= 0 && reserved > used ? reserved - used : 0) + (stale ? stale[p] : 0);
         int64_t lack = need[p] > room ? (need[p] - room + GRANULE - 1) / GRANULE * GRANULE : 0;
         CUresult e = lack ? cgpu_reserve_or_error(p, lack) : CUDA_SUCCESS;
         if (e != CUDA_SUCCESS) {
@@ -219,11 +232,13 @@ static void settle_seen(void) {
         }                                                                       \
         int64_t none_[CGPU_MAX_GPUS] = {0}, ahead_[CGPU_MAX_GPUS];              \
         const int64_t *need_ = r_->mapped ? none_ : r_->need;                   \
-        CUresult res_ = reserve_ahead(need_, ahead_);                           \
+        CUresult res_ = reserve_ahead(need_, r_->stale, ahead_);                \
         if (res_ == CUDA_SUCCESS) {                                             \
             res_ = call;                                                        \
-            if (res_ == CUDA_SUCCESS)                                           \
+            if (res_ == CUDA_SUCCESS) {                                         \
                 r_->mapped = 1;                                                 \
+                memset(r_->stale, 0, sizeof r_->stale);                         \
+            }                                                                   \
             settle_after(r_->need, ahead_);                                     \
         }                                                                       \
         pthread_mutex_unlock(&mu);                                              \
@@ -265,7 +280,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long l
         gm_graph *gr_ = graph_rec(g, 0);                                                                 \
         int64_t none_[CGPU_MAX_GPUS] = {0}, ahead_[CGPU_MAX_GPUS];                                       \
         const int64_t *need_ = gr_ ? gr_->bytes : none_;                                                 \
-        CUresult r_ = reserve_ahead(need_, ahead_);                                                      \
+        CUresult r_ = reserve_ahead(need_, NULL, ahead_);                                                \
         if (r_ == CUDA_SUCCESS) {                                                                        \
             r_ = real(pe, g, params);                                                                    \
             settle_after(need_, ahead_);                                                                 \
@@ -291,9 +306,11 @@ CUresult cuDeviceGraphMemTrim(CUdevice dev) {
     if (pos < 0)
         return r;
     pthread_mutex_lock(&mu);
-    for (gm_exec *e = execs; e; e = e->next)
+    for (gm_exec *e = execs; e; e = e->next) {
         if (e->need[pos] > 0)
             e->mapped = 0;
+        e->stale[pos] = 0;
+    }
     settle(pos);
     pthread_mutex_unlock(&mu);
     return r;
@@ -326,4 +343,65 @@ CUresult cuGraphDestroy(CUgraph g) {
     if (r == CUDA_SUCCESS && cgpu_env_ok)
         cgpu_graph_mem_forget(g);
     return r;
+}
+
+/* Under mu: what each GPU's graph memory pool maps (USED_MEM_CURRENT; -1 where unknown). */
+static void pool_used(int64_t *used) {
+    for (int p = 0; p < CGPU_MAX_GPUS; p++)
+        used[p] = dev_of[p] ? pool_attr(p, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) : -1;
+}
+
+/* Under mu, after cuGraphExecUpdate(e, g) succeeded (the pools mapped used_before when it began): e needs what g's
+ * nodes count, at its next mapping call; what it mapped before stays stale unless the update gave it back. */
+static void updated(CUgraphExec e, CUgraph g, const int64_t *used_before) {
+    gm_exec *r = exec_rec(e);
+    gm_graph *gr = graph_rec(g, 0);
+    if (!r && !gr)
+        return;
+    if (!r && (r = calloc(1, sizeof *r)) != NULL) {
+        r->e = e;
+        r->next = execs;
+        execs = r;
+    }
+    if (!r) {
+        cgpu_log("cannot track an updated executable graph: its memory is charged only once the driver reserves it");
+        return;
+    }
+    int64_t used_after[CGPU_MAX_GPUS];
+    pool_used(used_after);
+    for (int p = 0; p < CGPU_MAX_GPUS; p++) {
+        int64_t held = r->mapped ? r->need[p] : r->stale[p];
+        int64_t given_back = used_before[p] >= 0 && used_after[p] >= 0 ? used_before[p] - used_after[p] : 0;
+        int64_t kept = held - (given_back > 0 ? given_back : 0);
+        r->stale[p] = kept > 0 ? kept : 0;
+        r->need[p] = gr ? gr->bytes[p] : 0;
+        if (held > 0)
+            settle(p);
+    }
+    r->mapped = 0;
+}
+
+/* An update of e with g, made with call, under mu (it may change what e maps). */
+#define UPDATE(e, g, call)                                                      \
+    do {                                                                        \
+        if (!cgpu_env_ok || !atomic_load_explicit(&seen, memory_order_relaxed)) \
+            return call;                                                        \
+        int64_t used_[CGPU_MAX_GPUS];                                           \
+        pthread_mutex_lock(&mu);                                                \
+        pool_used(used_);                                                       \
+        CUresult res_ = call;                                                   \
+        if (res_ == CUDA_SUCCESS)                                               \
+            updated(e, g, used_);                                               \
+        pthread_mutex_unlock(&mu);                                              \
+        return res_;                                                            \
+    } while (0)
+
+CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info) {
+    REAL_OR_FAIL(cuGraphExecUpdate_v2);
+    UPDATE(e, g, real(e, g, info));
+}
+
+CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *error_node, CUgraphExecUpdateResult *result) {
+    REAL_OR_FAIL(cuGraphExecUpdate);
+    UPDATE(e, g, real(e, g, error_node, result));
 }

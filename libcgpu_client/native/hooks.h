@@ -87,6 +87,8 @@ enum { LIB_CUDA, LIB_NVML };
     X(cuGraphUpload_ptsz, "cuGraphUpload", 0, 1 << 30, 1, LIB_CUDA)                                         \
     X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 1 << 30, 0, LIB_CUDA)                                \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 1 << 30, 0, LIB_CUDA)                                    \
+    X(cuGraphExecUpdate, "cuGraphExecUpdate", 0, 12000, 0, LIB_CUDA)                                        \
+    X(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, 1 << 30, 0, LIB_CUDA)                               \
     X(cuGraphDestroy, "cuGraphDestroy", 0, 1 << 30, 0, LIB_CUDA)                                            \
     X(cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle", 0, 1 << 30, 0, LIB_CUDA)
 
@@ -166,6 +168,8 @@ typedef CUresult(instantiate_params_t)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTAN
 typedef CUresult(graph_upload_t)(CUgraphExec, CUstream);
 typedef CUresult(graph_mem_trim_t)(CUdevice);
 typedef CUresult(graph_exec_destroy_t)(CUgraphExec);
+typedef CUresult(exec_update1_t)(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
+typedef CUresult(exec_update_t)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
 typedef CUresult(graph_destroy_t)(CUgraph);
 typedef CUresult(pool_import_t)(CUmemoryPool *, void *, CUmemAllocationHandleType, unsigned long long);
 
@@ -217,6 +221,8 @@ EXPORT instantiate_params_t cuGraphInstantiateWithParams, cuGraphInstantiateWith
 EXPORT graph_upload_t cuGraphUpload, cuGraphUpload_ptsz;
 EXPORT graph_mem_trim_t cuDeviceGraphMemTrim;
 EXPORT graph_exec_destroy_t cuGraphExecDestroy;
+EXPORT exec_update1_t cuGraphExecUpdate;
+EXPORT exec_update_t cuGraphExecUpdate_v2;
 EXPORT graph_destroy_t cuGraphDestroy;
 EXPORT pool_import_t cuMemPoolImportFromShareableHandle;
 /* graphmem.c: cuGraphLaunch's call of the real launch, with the graph memory pool's mapping charged first. */

@@ -113,8 +113,9 @@ def test_graph_memory_and_imported_pools_under_asan(native_asan: Native, daemon_
     """progs/mem_families.c, ASan-built, under the ASan-built shim and fakes: graphs with captured and explicit
     allocation nodes uploaded, launched past the limit, left live, freed, destroyed and trimmed; a graph with memory
     nodes refused a second instantiation, as a clone and as a child, reinstantiated, a graph without them cloned and
-    embedded beside an allocation node; a pool exported and imported back into the same process, allocated from
-    (refused) and freed."""
+    embedded beside an allocation node; executable graphs updated (refused with a graph instantiated elsewhere and
+    with another topology, made larger through both entry points, the second past the limit at its launch); a pool
+    exported and imported back into the same process, allocated from (refused) and freed."""
     from libcgpu_client.native import build as nb
     from tests.native.conftest import PROGS, fields
 
@@ -123,8 +124,10 @@ def test_graph_memory_and_imported_pools_under_asan(native_asan: Native, daemon_
     d = daemon_factory.start(*DAEMON)
     res = subprocess.run([str(prog), "capture=300M,free", "upload", "launch", "capture=800M", "launch", "gdestroy",
                           "capture=200M,auto", "launch", "launch", "gfree", "sync", "node=100M", "launch", "gfree",
-                          "sync", "gtrim", "gdestroy", "gdestroy", "gdestroy", "gtrim", "node=50M", "again",
-                          "reinst", "clone", "child", "empty", "clone", "child=50M", "launch", "gfree", "sync",
+                          "sync", "gtrim", "gdestroy", "gdestroy", "gdestroy", "gtrim", "capture=100M,free",
+                          "capture=50M,free", "launch", "update=prev", "update=80M", "update=150M,free", "launch",
+                          "update=1000M,free,v1", "launch", "sync", "gdestroy", "gdestroy", "gtrim", "node=50M",
+                          "again", "reinst", "clone", "child", "empty", "clone", "child=50M", "launch", "gfree", "sync",
                           "gdestroy", "gdestroy", "gdestroy", "gdestroy", "gtrim", "export=100M", "import=self",
                           "importalloc=10M", "importfree", "freeasync", "ctxsync"],
                          env=native_asan.env(d, CGPU_INSTANCE="gfam", CGPU_MEM_LIMIT="1GiB", FAKECUDA_CTX_MB="100"),
@@ -133,4 +136,5 @@ def test_graph_memory_and_imported_pools_under_asan(native_asan: Native, daemon_
     steps = [fields(ln) for ln in res.stdout.splitlines()]
     assert all(s["ledger"] == s["held"] for s in steps), steps
     assert [(s["name"], s["rc"]) for s in steps if s["rc"] != "0"] == [
-        ("launch", "2"), ("again", "1"), ("clone", "1"), ("child", "1"), ("importalloc", "1")], steps
+        ("launch", "2"), ("update", "910"), ("update", "910"), ("launch", "2"), ("again", "1"), ("clone", "1"),
+        ("child", "1"), ("importalloc", "1")], steps

@@ -207,3 +207,61 @@ def test_a_graph_with_memory_nodes_has_one_executable_graph_at_a_time(native: Na
                          ("launch", "0", 300, 300), ("gfree", "0", 300, 300), ("sync", "0", 300, -1)], by(steps)
     failed_changing_nothing(steps, 3, INVALID)
     failed_changing_nothing(steps, 5, INVALID)
+
+
+UPDATE_FAILED = "910"  # CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+
+
+def results(steps: list[dict[str, str]]) -> list[int]:
+    """The CUgraphExecUpdateResult of each update= step."""
+    return [int(s["result"]) for s in steps if s["name"] == "update"]
+
+
+def test_an_updated_executable_graph_is_charged_its_new_size_before_it_maps(native: Native, daemon_factory: type,
+                                                                           families: Path) -> None:
+    """cuGraphExecUpdate may give an executable graph larger allocation nodes (CUDA lists no limitation on memory
+    nodes but one: the new graph may not be instantiated as another executable graph). A graph of 300 MiB (and its
+    free node) is launched, then updated to 500 MiB: nothing maps at the update (ledger and pool stay at 300 MiB),
+    the next launch maps 500 MiB and the ledger holds it. Updated to 1100 MiB it is past the 1 GiB limit at its next
+    launch and upload: CUDA_ERROR_OUT_OF_MEMORY, nothing changed (the old code let that launch through and charged
+    nothing for it). Updated again to 700 MiB, its upload maps 700 MiB, and the ledger follows the pool down after a
+    trim."""
+    d = daemon_factory.start(*DAEMON)
+    steps = run(native, d, families, "capture=300M,free", "launch", "update=500M,free", "launch",
+                "update=1100M,free", "launch", "upload", "sync", "update=700M,free", "upload", "launch", "sync",
+                "gdestroy", "gtrim", CGPU_INSTANCE="upd", CGPU_MEM_LIMIT="1GiB")
+    exact(steps)
+    assert by(steps) == [("capture", "0", 0, 0), ("launch", "0", 300, 300), ("update", "0", 300, 300),
+                         ("launch", "0", 500, 500), ("update", "0", 500, 500), ("launch", OOM, 500, 500),
+                         ("upload", OOM, 500, 500), ("sync", "0", 500, -1), ("update", "0", 500, 500),
+                         ("upload", "0", 700, 700), ("launch", "0", 700, 700), ("sync", "0", 700, -1),
+                         ("gdestroy", "0", 700, 700), ("gtrim", "0", 0, 0)], by(steps)
+    assert results(steps) == [0, 0, 0], steps
+    oom_changed_nothing(steps, 6)
+    oom_changed_nothing(steps, 7)
+
+
+def test_a_refused_update_changes_nothing_and_the_cuda_11_entry_point_is_counted(native: Native,
+                                                                                  daemon_factory: type,
+                                                                                  families: Path) -> None:
+    """Graph A (300 MiB) is uploaded; graph B (200 MiB) is made. Updating B's executable graph with A, which A's
+    executable graph instantiates, is refused (CU_GRAPH_EXEC_UPDATE_ERROR, the Programming Guide's "Graph Update
+    Limitations" for memory nodes), and with a graph of one node where B has two (an allocation and its free):
+    CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED; both fail with CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE and change
+    nothing: B's launch maps its 200 MiB. Through CUDA 11's cuGraphExecUpdate B becomes 900 MiB: its launch is past
+    the limit (the 200 MiB it maps serve, 700 MiB more do not fit beside A's 300 MiB) and changes nothing; after a
+    trim, which unmaps both idle graphs, it maps 900 MiB."""
+    d = daemon_factory.start(*DAEMON)
+    steps = run(native, d, families, "capture=300M,free", "upload", "capture=200M,free", "update=prev",
+                "update=900M", "launch", "sync", "update=900M,free,v1", "launch", "gtrim", "launch", "sync",
+                CGPU_INSTANCE="refuse", CGPU_MEM_LIMIT="1GiB")
+    exact(steps)
+    assert by(steps) == [("capture", "0", 0, 0), ("upload", "0", 300, 300), ("capture", "0", 300, 300),
+                         ("update", UPDATE_FAILED, 300, 300), ("update", UPDATE_FAILED, 300, 300),
+                         ("launch", "0", 500, 500), ("sync", "0", 500, -1), ("update", "0", 500, 500),
+                         ("launch", OOM, 500, 500), ("gtrim", "0", 0, 0), ("launch", "0", 900, 900),
+                         ("sync", "0", 900, -1)], by(steps)
+    assert results(steps) == [1, 2, 0], steps
+    failed_changing_nothing(steps, 4, UPDATE_FAILED)
+    failed_changing_nothing(steps, 5, UPDATE_FAILED)
+    oom_changed_nothing(steps, 9)

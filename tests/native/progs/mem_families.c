@@ -39,6 +39,11 @@
  *   again              a second cuGraphInstantiateWithFlags of the last graph (destroyed at once if made)
  *   reinst             cuGraphExecDestroy of the last graph's executable graph, then cuGraphInstantiateWithFlags
  *   upload launch      cuGraphUpload / cuGraphLaunch of the last graph, on the stream
+ *   update=SIZE[,free][,v1]  a new graph of one cuGraphAddMemAllocNode of SIZE on device 0 (free: and a
+ *                      cuGraphAddMemFreeNode of it), then cuGraphExecUpdate_v2 (v1: CUDA 11's cuGraphExecUpdate) of
+ *                      the last graph's executable graph with it: made, the new graph replaces the last graph's
+ *                      (destroyed), else it is destroyed; update=prev: with the graph before the last one, which
+ *                      its own executable graph instantiates. Prints result= (the CUgraphExecUpdateResult)
  *   gfree              cuMemFreeAsync of every graph allocation a launch left live (those without a free node)
  *   gtrim              cuDeviceGraphMemTrim(0)      gdestroy   cuGraphExecDestroy + cuGraphDestroy of the last graph
  *                      (graph actions print greserved=, the graph memory pool's CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
@@ -95,7 +100,10 @@ CUresult cuGraphCreate(CUgraph *, unsigned);
 CUresult cuGraphClone(CUgraph *, CUgraph);
 CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
 CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
 CUresult cuGraphUpload(CUgraphExec, CUstream);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
@@ -145,6 +153,7 @@ static struct {
 static int ngraphs;
 static CUdeviceptr glive[64]; /* graph allocations a launch left live */
 static int nglive;
+static char gextra[64]; /* a graph action's results, printed before greserved= */
 
 /* The graph just built: kept with its executable graph where it was instantiated (r: success), else destroyed. */
 static CUresult keep_graph(CUresult r, CUgraph g, CUgraphExec e, CUdeviceptr p, int freed) {
@@ -155,6 +164,42 @@ static CUresult keep_graph(CUresult r, CUgraph g, CUgraphExec e, CUdeviceptr p, 
         graphs[ngraphs].e = e;
         graphs[ngraphs].p = p;
         graphs[ngraphs++].freed_in = freed;
+    }
+    return r;
+}
+
+/* update=: the last graph's executable graph updated with a new graph, or with the one before the last. */
+static CUresult update(const char *v) {
+    int prev = strcmp(v, "prev") == 0, freed = !prev && strstr(v, ",free") != NULL;
+    if (prev && ngraphs < 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraph g = prev ? graphs[ngraphs - 2].g : NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS params = {
+        .poolProps = {.allocType = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}},
+        .bytesize = size_of(v)};
+    CUresult r = prev ? CUDA_SUCCESS : cuGraphCreate(&g, 0);
+    CUgraphNode node;
+    if (!prev && r == CUDA_SUCCESS)
+        r = cuGraphAddMemAllocNode(&node, g, NULL, 0, &params);
+    if (!prev && r == CUDA_SUCCESS && freed)
+        r = cuGraphAddMemFreeNode(&node, g, &node, 1, params.dptr);
+    CUgraphExecUpdateResultInfo info = {.result = CU_GRAPH_EXEC_UPDATE_ERROR};
+    if (r == CUDA_SUCCESS && strstr(v, ",v1")) {
+        CUgraphNode error_node = NULL;
+        r = cuGraphExecUpdate(graphs[ngraphs - 1].e, g, &error_node, &info.result);
+    } else if (r == CUDA_SUCCESS) {
+        r = cuGraphExecUpdate_v2(graphs[ngraphs - 1].e, g, &info);
+    }
+    snprintf(gextra, sizeof gextra, "result=%d ", (int)info.result);
+    if (prev)
+        return r;
+    if (r == CUDA_SUCCESS) {
+        cuGraphDestroy(graphs[ngraphs - 1].g);
+        graphs[ngraphs - 1].g = g;
+        graphs[ngraphs - 1].p = params.dptr;
+        graphs[ngraphs - 1].freed_in = freed;
+    } else if (g) {
+        cuGraphDestroy(g);
     }
     return r;
 }
@@ -232,6 +277,8 @@ static CUresult graph_action(const char *a, const char *v, CUstream stream) {
             known |= glive[k] == graphs[ngraphs - 1].p;
         if (r == CUDA_SUCCESS && !graphs[ngraphs - 1].freed_in && !known && nglive < 64)
             glive[nglive++] = graphs[ngraphs - 1].p;
+    } else if (strcmp(a, "update") == 0) {
+        r = v ? update(v) : CUDA_ERROR_INVALID_VALUE;
     } else if (strcmp(a, "again") == 0) {
         CUgraphExec e = NULL;
         r = cuGraphInstantiateWithFlags(&e, graphs[ngraphs - 1].g, 0);
@@ -432,7 +479,8 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "capture") == 0 || strcmp(a, "node") == 0 || strcmp(a, "upload") == 0 ||
                    strcmp(a, "launch") == 0 || strcmp(a, "gdestroy") == 0 || strcmp(a, "gfree") == 0 ||
                    strcmp(a, "gtrim") == 0 || strcmp(a, "empty") == 0 || strcmp(a, "clone") == 0 ||
-                   strcmp(a, "child") == 0 || strcmp(a, "again") == 0 || strcmp(a, "reinst") == 0) {
+                   strcmp(a, "child") == 0 || strcmp(a, "again") == 0 || strcmp(a, "reinst") == 0 ||
+                   strcmp(a, "update") == 0) {
             if (strcmp(a, "gfree") == 0) {
                 r = CUDA_SUCCESS;
                 for (int k = 0; k < nglive; k++)
@@ -443,7 +491,8 @@ int main(int argc, char **argv) {
             }
             cuuint64_t reserved = 0;
             cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
-            snprintf(extra, sizeof extra, "greserved=%llu ", (unsigned long long)reserved);
+            snprintf(extra, sizeof extra, "%sgreserved=%llu ", gextra, (unsigned long long)reserved);
+            gextra[0] = 0;
         } else if (strcmp(a, "export") == 0) {
             CUmemPoolProps props = {.allocType = 1, .handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                     .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
