@@ -16,19 +16,20 @@ with demand, the gang's included; ``rest``: what high priority leaves), water-fi
 tenants there. It can only use what it has everywhere at once, so its share is the least of these, on every member;
 each GPU's other tenants share the rest by weight (under their limits).
 
-*Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are
-held (as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
+*Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are held
+(as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
 every member, the gang is *armed*: each member GPU ends its current turn where that turn's nominal end is (an
-extended lone holder is cut back to it); a GPU whose turn ends before its peers' gives the gap to its own tenants,
-in a turn cut to end where the last peer's ends (:meth:`GangView.fence`); when every member GPU is free the gang is
-granted all of them at once, one deadline for all. Before it is armed, a turn a member GPU starts that would run on
-more than half its length past where the gang will be armed (:meth:`GangView.due`) ends there: running on, it
-armed the gang at its start and held the gang's turn back to its own end. A turn cut short for a gang goes on
-first after the gang's turn (policies/vtime.py). A revoke of one member's lease (high priority, an operator)
-revokes the others. Time that nobody else wants on any member GPU goes to a gang with work on all of them (spent
-from its credit like any turn). A member GPU idles only where the gang needs it and it has nobody to fill the gap
-with, or while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU. Gangs that share a
-GPU are armed one at a time, the one owed most per turn first.
+extended lone holder runs on to where the gang can start: until it is armed, a gang does not count as waiting for a
+GPU's own turns, :meth:`GangBook.contends`, so a lone tenant there holds one lease between its turns); a GPU whose
+turn ends before its peers' gives the gap to its own tenants, in a turn cut to end where the last peer's ends
+(:meth:`GangView.fence`); when every member GPU is free the gang is granted all of them at once, one deadline for
+all. Before it is armed, a turn a member GPU starts that would run on more than half its length past where the gang
+will be armed (:meth:`GangView.due`) ends there: running on, it armed the gang at its start and held the gang's turn
+back to its own end. A turn cut short for a gang goes on first after the gang's turn (policies/vtime.py). A revoke
+of one member's lease (high priority, an operator) revokes the others. Time that nobody else wants on any member GPU
+goes to a gang with work on all of them (spent from its credit like any turn). A member GPU idles only where the
+gang needs it and it has nobody to fill the gap with, or while a peer's holder runs past its deadline: that *aligned
+idle* is counted per GPU. Gangs that share a GPU are armed one at a time, the one owed most per turn first.
 
 *Kicks.* A GPU's scheduler runs only on its own events and wakeups. When a gang dissolves or stops being armed, a
 GPU of it may hold a waiter of the gang that is now its own to serve, or be held free for a turn that will not
@@ -422,20 +423,33 @@ class GangBook:
         return any(g.armed and set(g.gpus) & set(gpus) for g in self.gangs.values())
 
     def _cut_back(self, gang: Gang, now: int) -> list[Effect]:
-        """The gang is armed: an extended lone holder on a member GPU keeps its nominal turn, and no more."""
-        effects: list[Effect] = []
+        """The gang is armed: an extended lone holder on a member GPU runs on to where the gang can start (its
+        nominal turn's end at the earliest, and the last peer's current turn's end), and no more: nobody else
+        waits for that GPU meanwhile, and a renewal there would cost its holder a hand-over."""
+        extended: list[tuple[int, Lease, int]] = []
+        start = now
         for g in gang.gpus:
-            rq = self.members[g].rq
-            lease = rq.lease
-            if lease is None or lease.nominal_ns is None or lease.revoked_ns is not None:
+            lease = self.members[g].rq.lease
+            if lease is None or lease.revoked_ns is not None or lease.inst.name == gang.name:
                 continue
-            nominal, lease.nominal_ns = lease.nominal_ns, None
-            if now >= nominal:
+            if lease.nominal_ns is not None:
+                extended.append((g, lease, lease.nominal_ns))
+                start = max(start, lease.nominal_ns)
+            else:
+                start = max(start, lease.deadline_ns)
+            kept = self.kept_until(g, now)
+            if kept is not None:
+                start = max(start, kept[1])
+        effects: list[Effect] = []
+        for g, lease, _ in extended:
+            rq = self.members[g].rq
+            lease.nominal_ns = None
+            if now >= start:
                 lease.deadline_ns = now
                 effects += rq.revoke(lease, now, "turn")
             else:
-                lease.deadline_ns = nominal
-                effects += [GrantLease(c, g, lease.id, nominal, 0) for c in sorted(lease.clients)]
+                lease.deadline_ns = start
+                effects += [GrantLease(c, g, lease.id, start, 0) for c in sorted(lease.clients)]
         return effects
 
     def fence(self, gpu: int, now: int) -> int | None:
@@ -616,8 +630,8 @@ class GangBook:
     # ---------------------------------------------------------------- the Charger of its leases
     def charge(self, lease: Lease, bill: Bill) -> int:
         """A gang's turn was paid at its grant: a lease of it pays here what it held past the deadline (shared
-        over the GPUs of the turn), and gets back what a revoke cut off. It is no part of its GPU's virtual time
-        (the gang is not among that GPU's picks)."""
+        over the GPUs of the turn), and gets back what a revoke cut off, or what the turn had left where its last
+        lease ended early. It is no part of its GPU's virtual time (the gang is not among that GPU's picks)."""
         gang = self._leases.pop(id(lease), None)
         if gang is not None:
             size = max(1, gang.turn_size)
@@ -640,6 +654,10 @@ class GangBook:
                     # gang's until the turn's end, or the rank, back, would wait for a tenant's whole turn
                     gang.kept[mine] = lease.deadline_ns
                 else:  # the turn's last lease ended early: nothing of it runs, a GPU kept for it is free
+                    # and is billed what it held, as a tenant's virtual time is: billed the whole turn, a gang
+                    # granted as each of its bursts ended (its rank blocked at the end, granted in the pause) earned
+                    # its next turn only after its next burst, and did no work at all
+                    gang.credit += lease.deadline_ns - bill.end
                     for g in gang.kept:
                         self._kick.setdefault(g, bill.end)
                     gang.kept.clear()
@@ -678,6 +696,13 @@ class GangBook:
         return out
 
     # ---------------------------------------------------------------- the view for status
+    def contends(self, gpu: int, name: str) -> bool:
+        """Whether instance ``name`` contends for ``gpu`` in its GPU's own turns: a gang's member only while its
+        gang is armed (it takes its turn when every member GPU is free, :meth:`_cut_back`); until then a lone
+        holder there runs on, extended, and needs no renewal."""
+        gang = self.gang_of(gpu, name)
+        return gang is None or gang.armed
+
     def gang_of(self, gpu: int, name: str) -> Gang | None:
         gang = self.gangs.get(name)
         return gang if gang is not None and gpu in gang.gpus else None
@@ -720,6 +745,9 @@ class GangView(GangHooks):
 
     def granted(self, now: int) -> None:
         self.book._busy_end(self.gpu, now)
+
+    def contends(self, inst: InstanceState) -> bool:
+        return self.book.contends(self.gpu, inst.name)
 
     def wakeup(self) -> int | None:
         return self.book.wakeup(self.gpu)

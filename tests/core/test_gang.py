@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from arbiterd.core.effects import NS_PER_MS, GrantLease, RevokeLease
+from arbiterd.core.effects import NS_PER_MS, NS_PER_S, GrantLease, RevokeLease
 from arbiterd.core.gang import GangBook
 from arbiterd.core.scheduler import GpuScheduler
 from arbiterd.core.settings import GpuSettings
-from cgpu_testing.gangsim import GangResult, SimJob, simulate_gangs
+from cgpu_testing.gangsim import GangResult, GangSimulation, SimJob, simulate_gangs
 from cgpu_testing.sim import bursty, busy
 
 TOL_PP = 0.5
@@ -80,6 +80,46 @@ def test_two_gangs_on_the_same_pair_never_wait_longer_than_a_round() -> None:
         assert r.jobs[name].max_stall_ns <= 4 * 10 * NS_PER_MS
 
 
+def test_a_turn_given_back_early_costs_the_gang_only_what_it_held() -> None:
+    """J alone on GPUs 0 and 1 takes a 10 ms turn (its credit -10 ms) and gives both leases back 2 ms in, its work
+    done: it is billed the 2 ms it held, as a tenant's virtual time is, and not the whole turn (credit -8 ms)."""
+    s0, s1, book = _pair()
+    for s, client in ((s0, 1), (s1, 2)):
+        s.acquire("J", client, 0)
+    gang = book.gangs["J"]
+    assert gang.credit == -10 * NS_PER_MS and gang.rate == 1.0
+    for s, client in ((s0, 1), (s1, 2)):
+        s.release(client, s.holders()[0].id, 2 * NS_PER_MS)
+    assert gang.credit == pytest.approx(-2 * NS_PER_MS + 2 * NS_PER_MS * 1.0)
+
+
+def test_a_gang_granted_as_its_bursts_end_is_not_starved() -> None:
+    """J on GPUs 0 and 1 works 12 ms in every 21, A on GPU 0 and B on GPU 1 always (policy 4, 10 ms slices). J's
+    rank blocked at a burst's end is granted in the pause after it, and gives the turn back at once (after the
+    2 ms a client holds an idle lease). Billed the whole turn for it, J earned its next turn only as its next burst
+    was over: granted in every pause, J did no work at all (19.6 % of its 28.6 % before a lone tenant held one
+    lease between J's turns, 0 % after). Billed what it held, it gets at least 80 % of its due, and A and B theirs
+    less at most the 2 ms in 21 J holds an idle lease."""
+    r = simulate_gangs(2, [SimJob("J", (0, 1), workload=bursty(0.5, 12, 9)), SimJob("A", (0,)), SimJob("B", (1,))],
+                       seconds=10, policy=4, slice_ms=10)
+    assert r.jobs["J"].share[0] >= 0.8 * r.jobs["J"].target[0]
+    for name, g in (("A", 0), ("B", 1)):
+        assert r.jobs[name].share[g] >= r.jobs[name].target[g] - 2 / 21
+
+
+def test_a_lone_tenant_holds_one_lease_between_a_gangs_turns() -> None:
+    """J on GPUs 0 and 1 (policy 1), A alone on GPU 0, B and C on GPU 1: A's turns between two of J's are one lease,
+    extended while nobody else waits on GPU 0 and cut back where J can start, not a renewal a turn while J, not
+    yet armed, waits (each renewal is a hand-over: 856 grants of A to J's 333 before). A still gets its 2/3."""
+    jobs = [SimJob("J", (0, 1)), SimJob("A", (0,)), SimJob("B", (1,)), SimJob("C", (1,))]
+    sim = GangSimulation({g: GpuSettings(policy=1, slice_ms=10) for g in (0, 1)}, jobs)
+    r = sim.run(10 * NS_PER_S, warmup_ns=NS_PER_S)
+    assert_exact(r, {"J": 100 / 3, "A": 200 / 3, "B": 100 / 3, "C": 100 / 3})
+    grants = {n: sim.scheds[0].instances[n].grants for n in ("J", "A")}
+    assert grants["J"] > 250
+    assert grants["A"] <= grants["J"] + 1, grants
+
+
 def _lagging_pair(op_ms: float, lag_ns: int, seconds: float) -> GangResult:
     """Gangs J1 and J2 alone on GPUs 0 and 1 (policy 1, 20 ms slices), steps of ``op_ms``, each job's rank on GPU 1
     reaching its gate ``lag_ns`` after a step."""
@@ -121,13 +161,15 @@ def test_a_gang_stranded_at_every_turns_end_does_not_starve_its_neighbour(op_ms:
         assert r.jobs[name].max_stall_ns <= 2 * 20 * NS_PER_MS + 2 * int((op_ms + lag_ms) * NS_PER_MS)
 
 
-@pytest.mark.xfail(strict=True, reason="open defect: a gang with bursts shorter than its turn leaves its GPUs' other "
-                   "tenants short of what it does not use")
+@pytest.mark.xfail(strict=True, reason="open defect: a gang with bursts shorter than its turn is granted in its "
+                   "pauses and holds its GPUs idle there until its clients' idle release")
 def test_a_gang_whose_work_comes_in_short_bursts_leaves_its_gpus_to_the_others() -> None:
     """J on GPUs 0 and 1 works 12 ms in every 20 (0.5 ms steps), A on GPU 0 and B on GPU 1 always: J is entitled to
-    50 % while it works, 30 % in all, and A and B to the rest, 70 %. Measured: J 40 %, A and B 50 %: 20 % of each GPU
-    is lost between J's bursts and the aligned turns (found while checking a refund of a turn's unused end, which
-    moved one mix nearer and another further: not kept)."""
+    50 % while it works, 30 % in all, and A and B to the rest, 70 %. Measured: J 25 %, A and B 65 %, 10 % of each
+    GPU idle. J's rank, blocked at a burst's end (its turn over), waits into the pause, is granted there, and holds
+    the lease idle for the 2 ms a client keeps one before it gives it back: 2 ms in every 20. A tenant with these
+    bursts alone beside A on one GPU reads 50 / 50 (its turns fall inside its bursts), with 12 ms in 21, 39.5 %
+    against 28.6 % and 6 % idle: the simulated client's idle hold, not the gang, is most of the gap."""
     r = simulate_gangs(2, [SimJob("J", (0, 1), workload=bursty(0.5, 12, 8)), SimJob("A", (0,)), SimJob("B", (1,))],
                        seconds=10, policy=4, slice_ms=10)
     assert r.max_error_pp() < 2

@@ -92,8 +92,10 @@ class VirtualTime(Policy):
         """Whether another instance wants the GPU that ``inst`` holds: a normal one or a gang's (a high-priority one
         with credit preempts by itself), or any at all where ``inst`` is high priority, on leftover time."""
         gpu = self.gpu
+        gangs = gpu.gangs
         others: list[InstanceState] | Collection[InstanceState] = gpu.instances.values() if inst.highprio else (
-            [i for i in gpu.instances.values() if not i.highprio] if gpu.gangs.active else gpu.normal_members())
+            [i for i in gpu.instances.values() if not i.highprio and (not i.gang or gangs.contends(i))]
+            if gangs.active else gpu.normal_members())
         bw = gpu.bw
         return any(i.waiters and not bw.throttled(i) for i in others if i is not inst and i.weight > 0)
 
