@@ -214,6 +214,8 @@ class Release(Message):
     """Give ``lease`` back after holding it ``used_ns`` (grant received to release sent); with ``again``
     the client still has work and keeps its place in the round. ``warmup_ns`` is what the client lost at
     the lease's start: from the grant's arrival to its first use, and its first operations' slowness.
+    ``spin_ns`` is the collective spin the client counted on ``gpu`` since its last release there (its
+    collectives' wait for a peer's same collective, as launches show it: behaviour §11); absent, none.
     Answered ``ok`` only when it has an ``id``."""
 
     gpu: int
@@ -222,6 +224,7 @@ class Release(Message):
     again: bool = False
     id: int | None = None
     warmup_ns: int | None = None
+    spin_ns: int | None = None
 
 
 def _acquire_as_sent(raw: dict[str, Any]) -> Acquire | None:
@@ -243,11 +246,12 @@ def _release_as_sent(raw: dict[str, Any]) -> Release | None:
         return None
     if len(raw) == 4:  # the usual shape, {op, gpu, lease, used_ns}: no other key is left to read
         return Release(gpu, lease, used)
-    again, rid, warmup = raw.get("again", False), raw.get("id"), raw.get("warmup_ns")
-    # the length test leaves no room for a key not read above (and an explicit nil id or warmup is one)
+    again, rid, warmup, spin = raw.get("again", False), raw.get("id"), raw.get("warmup_ns"), raw.get("spin_ns")
+    # the length test leaves no room for a key not read above (and an explicit nil id, warmup or spin is one)
     if (type(again) is bool and (rid is None or _is_int(rid)) and (warmup is None or _is_int(warmup))
-            and len(raw) == 4 + ("again" in raw) + (rid is not None) + (warmup is not None)):
-        return Release(gpu, lease, used, again, rid, warmup)
+            and (spin is None or _is_int(spin))
+            and len(raw) == 4 + ("again" in raw) + (rid is not None) + (warmup is not None) + (spin is not None)):
+        return Release(gpu, lease, used, again, rid, warmup, spin)
     return None
 
 

@@ -123,12 +123,14 @@ _VALUES = st.one_of(st.integers(-(2**64), 2**65), st.booleans(), st.none(), st.t
 
 
 @given(st.sampled_from(["acquire", "release"]),
-       st.dictionaries(st.sampled_from(["gpu", "lease", "used_ns", "again", "id", "warmup_ns", "bytes", "x"]),
-                       _VALUES, max_size=7),
+       st.dictionaries(st.sampled_from(["gpu", "lease", "used_ns", "again", "id", "warmup_ns", "spin_ns", "bytes",
+                                        "x"]), _VALUES, max_size=8),
        st.sampled_from([p.C2S, p.S2C, None, "sideways"]))
 @example("acquire", {"gpu": 0}, "sideways")
 @example("release", {"gpu": 0, "lease": 1, "used_ns": 2, "again": True, "id": 3, "warmup_ns": -4}, p.S2C)
 @example("release", {"gpu": 0, "lease": 1, "used_ns": 2, "id": None}, p.C2S)
+@example("release", {"gpu": 0, "lease": 1, "used_ns": 2, "warmup_ns": 3, "spin_ns": 4}, p.C2S)
+@example("release", {"gpu": 0, "lease": 1, "used_ns": 2, "spin_ns": None}, p.C2S)
 @example("acquire", {"gpu": 0, "id": 1}, None)
 def test_the_grant_path_s_quick_forms_agree_with_the_field_table(op: str, fields: dict[str, Any],
                                                                  direction: str | None) -> None:

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import NoReturn
 
-from arbiterd.core import coremode, limits
+from arbiterd.core import coremode, limits, shimspin
 from arbiterd.core.allocations import AllocationBook
 from arbiterd.core.effects import NS_PER_MS, NS_PER_S, Effect
 from arbiterd.core.errors import BusyError, ConflictError, IdentityError, NotFoundError, SettingError
@@ -352,6 +352,7 @@ class Arbiter:
                                      g.total_mem))
         info.instance = instance
         info.gpus = tuple(dict.fromkeys(gpus))
+        info.spin.since = now
         return Registration(instance, out, warnings), effects
 
     def _admit(self, instance: str, gpus: list[int], host_uid: int | None, creator_uid: int | None) -> None:
@@ -419,12 +420,30 @@ class Arbiter:
 
     def release(
         self, cid: int, gpu: int, lease: int, now: int, again: bool = False, used_ns: int | None = None,
-        warmup_ns: int | None = None,
+        warmup_ns: int | None = None, spin_ns: int | None = None,
     ) -> tuple[list[Effect], bool]:
+        """``cid`` gives ``lease`` back on ``gpu`` (GpuScheduler.release); ``spin_ns``, the collective spin it counted
+        there since its last release, is added to its instance's count there, whatever became of the lease."""
         info = self.clients.get(cid)
         if info is None or info.instance is None or gpu not in info.gpus:
             self._refuse(cid, gpu)
-        return self.scheds[gpu].release(cid, lease, now, again, used_ns, warmup_ns)
+        if spin_ns:
+            shimspin.check(spin_ns)
+        out = self.scheds[gpu].release(cid, lease, now, again, used_ns, warmup_ns)
+        if spin_ns:
+            self._count_spin(info, gpu, spin_ns, now)
+        return out
+
+    def _count_spin(self, info: ClientInfo, gpu: int, spin_ns: int, now: int) -> None:
+        rec = self.records.get((gpu, info.instance or ""))
+        kept = shimspin.accept(info.spin, gpu, spin_ns, now)
+        if rec is not None:
+            rec.shim_spin_ns += kept
+        if kept < spin_ns and not info.spin.cut:
+            info.spin.cut = True
+            log.warning("GPU %d instance %s: pid %d reported %.3f s of collective spin, more than the %.3f s since it "
+                        "registered allows; %.3f s counted (said once per client)", gpu, info.instance, info.pid,
+                        spin_ns / NS_PER_S, (now - info.spin.since) / NS_PER_S, kept / NS_PER_S)
 
     def mem_reserve(self, cid: int, gpu: int, nbytes: int) -> MemDecision:
         rec = self._registered(cid, gpu)

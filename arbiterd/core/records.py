@@ -10,6 +10,7 @@ from arbiterd.core.effects import NS_PER_S
 from arbiterd.core.memory import MemoryLedger
 from arbiterd.core.podlabels import PodLabels
 from arbiterd.core.settings import MAX_INST_MAX, InstanceSettings
+from arbiterd.core.shimspin import SpinTally
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class InstanceRecord:
     idle_since: int | None = None
     ledger: MemoryLedger = field(default_factory=lambda: MemoryLedger(0))
     labels: PodLabels | None = None  # its pod, from the allocations bound to it (binding.relabel); None: not a pod's
+    shim_spin_ns: int = 0  # collective spin its clients reported on this GPU (shimspin.py)
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class ClientInfo:
     uid: int
     instance: str | None = None
     gpus: tuple[int, ...] = ()
+    spin: SpinTally = field(default_factory=SpinTally)  # its collective spin reports (shimspin.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,7 +233,7 @@ class Hub:
     def _release(self, client: Peer, msg: p.Release, now: int) -> Outcome:
         arb = self.arbiter
         effects, _ = arb.release(client.cid, msg.gpu, msg.lease, now, again=msg.again, used_ns=msg.used_ns,
-                                 warmup_ns=msg.warmup_ns)
+                                 warmup_ns=msg.warmup_ns, spin_ns=msg.spin_ns)
         replies = (p.Ok(msg.id),) if msg.id is not None else NO_REPLY
         # a release that granted nothing moves no deadline where every client holds its own lease (native)
         timer: int | None = msg.gpu if effects or arb.scheds[msg.gpu].release_moves_timer() else NO_TIMER

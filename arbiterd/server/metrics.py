@@ -196,13 +196,18 @@ def _limit_metrics(doc: DaemonStatus) -> Iterator[Metric]:
 
 
 def _gang_metrics(doc: DaemonStatus) -> Iterator[Metric]:
-    """Gangs (behaviour §11): which instances are one, their collective spin, and each GPU's aligned idle."""
+    """Gangs (behaviour §11): which instances are one, their collective spin (the daemon's view and the shim's), and
+    each GPU's aligned idle."""
     gi = ["gpu", "instance"]
     member = GaugeMetricFamily("cgpu_instance_gang_gpus", "The number of GPUs of the gang the instance is one GPU of "
                                "(0: in none)", labels=gi)
     spin = CounterMetricFamily("cgpu_instance_gang_spin_seconds", "Collective spin as far as the daemon sees it: "
                                "time the instance held the GPU past its gang turn's deadline while a peer waited "
                                "for the next turn", labels=gi)
+    shim = CounterMetricFamily("cgpu_instance_gang_shim_spin_seconds", "Collective spin as far as the instance's "
+                               "processes (libcgpu.so) see it, in a gang or not: time its collective kernels on the "
+                               "GPU waited for the last peer rank's launch of the same collective, each instant once "
+                               "(from launches: an upper bound where its queue was backed up)", labels=gi)
     turns = CounterMetricFamily("cgpu_gpu_gang_turns", "Gang turns granted on the GPU", labels=["gpu"])
     idle = CounterMetricFamily("cgpu_gpu_gang_idle_seconds", "Time the GPU idled for a gang's alignment, with "
                                "nobody to fill the wait for its peers", labels=["gpu"])
@@ -213,7 +218,8 @@ def _gang_metrics(doc: DaemonStatus) -> Iterator[Metric]:
             li = [str(g.index), i.id]
             member.add_metric(li, len(i.gang) if i.gang else 0)
             spin.add_metric(li, i.gang_spin_seconds)
-    yield from (member, spin, turns, idle)
+            shim.add_metric(li, i.gang_shim_spin_seconds)
+    yield from (member, spin, shim, turns, idle)
 
 
 def _client_metrics(hub: Hub) -> Iterator[Metric]:

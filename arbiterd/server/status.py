@@ -125,6 +125,8 @@ class InstanceStatus:
     labels: dict[str, str] | None = None  # its pod (namespace, pod, container), from its allocations; None: not a pod's
     gang: list[int] | None = None  # the GPUs of the gang it is one GPU of (behaviour §11); None: in none
     gang_spin_seconds: float = 0.0  # time it held this GPU past its gang turn's deadline while a peer waited
+    # time its collectives here waited for a peer's launch of the same one, as its processes counted it (shimspin.py)
+    gang_shim_spin_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -271,6 +273,7 @@ def build(arb: Arbiter, gpus: list[GpuInfo], history: History, *, clients: int, 
                 labels=rec.labels.to_json() if rec.labels else None,
                 gang=list(gang.gpus) if (gang := arb.gangs.gang_of(g.index, rec.name)) is not None else None,
                 gang_spin_seconds=arb.gangs.spin.get((g.index, rec.name), 0) / 1e9,
+                gang_shim_spin_seconds=rec.shim_spin_ns / 1e9,
             ))
         transit, warmup = sched.handover.parts
         gs = GpuStatus(

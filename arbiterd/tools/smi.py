@@ -132,9 +132,12 @@ def render(doc: dict[str, Any], pod: str | None = None) -> str:
                 line += "   STARVED: weight 0, no GPU time (free_weight was 0)"
             if i.get("limit", 100) < 100:
                 line += f"   LIMIT {i['limit']} %, throttled {i.get('throttled_seconds', 0.0):.1f} s"
+            shim = i.get("gang_shim_spin_seconds", 0.0)
             if i.get("gang"):
                 line += (f"   GANG on GPUs {','.join(map(str, i['gang']))}, "
-                         f"spin {i.get('gang_spin_seconds', 0.0):.2f} s")
+                         f"spin {i.get('gang_spin_seconds', 0.0):.2f} s, shim {shim:.2f} s")
+            elif shim:  # a job across GPUs that is no gang now (gangs off, or between steps): its spin all the same
+                line += f"   SPIN shim {shim:.2f} s"
             out.append(line)
     if not any_inst:
         out.append(f"(no instances of pod {pod})" if pod else "(no instances)")
