@@ -16,7 +16,18 @@
  * registration): one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel:
  * every rank takes part in each). A slot belongs to a process and a GPU position; a dead process's slot is taken over. Where
  * the board cannot be opened, or the driver names no kernel, there is no agreement: a stranded collective waits
- * for the next turn, as without the board. */
+ * for the next turn, as without the board.
+ *
+ * The board also measures collective spin as launches show it (behaviour §11, "Visible"). Each slot keeps when
+ * it launched its last BOARD_RING collectives (the time its gate let each through). A rank that launches its n-th
+ * collective on a GPU looks at every other slot of the instance: one that launched its n-th earlier has had that
+ * collective waiting for this launch since, so the slot is credited the time from its launch (or from where its
+ * count already reached, whichever is later) to now. A slot's count is thus the time its collectives waited for
+ * the last peer's launch, each instant counted once however many of its collectives were queued. A kernel starts
+ * no earlier than its launch, so this is an upper bound where the rank's queue was backed up. A slot more than
+ * BOARD_RING collectives ahead of the peer that launches is not credited for that collective: its stamp of it is
+ * gone, and counts that far apart are more likely two jobs' than one's. The process takes its slot's count at
+ * each lease release and reports it to arbiterd (spin_ns). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +40,7 @@
 
 #include "shim.h"
 
-#define BOARD_MAGIC 0x63677032u /* "cgp2" */
+#define BOARD_MAGIC 0x63677033u /* "cgp3" */
 #define BOARD_SLOTS 256
 #define BOARD_TURNS 16 /* the stops of the instance's recent turns (a GPU outside the gang has turns of its own) */
 #define LOCK_NS (20 * 1000000LL) /* the longest a rank waits for the board's lock; then it does not catch up */
@@ -37,12 +48,21 @@
  * overrun_ms (500 ms by default), where arbiterd cuts a holder off. Ranks whose collectives do not correspond one
  * to one would otherwise run on to it. */
 #define CATCH_UP_NS (100 * 1000000LL)
+#define BOARD_RING 32 /* each slot's last collectives' launch times */
+/* a ring entry: valid bit, the collective's number mod 2^15, its launch time (CLOCK_MONOTONIC ns) mod 2^48 */
+#define STAMP_VALID (1ULL << 63)
+#define STAMP_TBITS 48
+#define STAMP_TMASK ((1ULL << STAMP_TBITS) - 1)
+#define STAMP_NMASK 0x7fffULL
 
 struct board_slot {
     _Atomic int32_t pid; /* 0: free */
     int32_t pos;
     _Atomic int64_t key;      /* the deadline of the turn its lease is (0: none held) */
     _Atomic uint64_t colls;   /* collectives launched on the GPU */
+    _Atomic uint64_t ring[BOARD_RING]; /* the launch of collective n at n % BOARD_RING (a stamp) */
+    _Atomic int64_t covered; /* spin is counted up to here: its collectives waited for peers until then */
+    _Atomic uint64_t spin;   /* ns of spin counted and not yet reported */
 };
 
 struct board {
@@ -54,6 +74,7 @@ struct board {
         uint64_t stop;
     } turn[BOARD_TURNS];
     uint32_t next;
+    _Atomic uint32_t used; /* slots ever taken: where a scan of them ends */
     struct board_slot slot[BOARD_SLOTS];
 };
 
@@ -169,7 +190,13 @@ static struct board_slot *slot_of(int pos) {
         if (owner == 0 || !alive(owner)) {
             atomic_store(&s->key, 0);
             atomic_store(&s->colls, 0);
+            for (int k = 0; k < BOARD_RING; k++)
+                atomic_store(&s->ring[k], 0);
+            atomic_store(&s->covered, 0);
+            atomic_store(&s->spin, 0);
             s->pos = pos;
+            if (atomic_load(&b->used) < (uint32_t)i + 1)
+                atomic_store(&b->used, (uint32_t)i + 1);
             atomic_store(&s->key, atomic_load(&B.key[pos]));
             atomic_store(&s->pid, me);
             got = s;
@@ -207,6 +234,58 @@ void cgpu_board_unlaunch(int pos) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
     if (s)
         atomic_fetch_sub(&s->colls, 1);
+}
+
+/* How long before t a stamp's launch was (signed: negative where it was after t). */
+static int64_t stamp_ago(uint64_t stamp, int64_t t) {
+    uint64_t d = ((uint64_t)t - stamp) & STAMP_TMASK;
+    return (int64_t)(d << (64 - STAMP_TBITS)) >> (64 - STAMP_TBITS);
+}
+
+/* When slot o launched collective n, as its ring shows it (0: it has not launched n, or n is out of its ring). */
+static int64_t launched_at(struct board_slot *o, uint64_t n, int64_t t) {
+    uint64_t e = atomic_load_explicit(&o->ring[n % BOARD_RING], memory_order_acquire);
+    if (!(e & STAMP_VALID) || ((e >> STAMP_TBITS) & STAMP_NMASK) != (n & STAMP_NMASK))
+        return 0;
+    int64_t ago = stamp_ago(e, t);
+    return ago > 0 ? t - ago : 0;
+}
+
+/* Slot o's collectives waited for a peer from `from` to t: the part past what it has counted is added. */
+static void credit(struct board_slot *o, int64_t from, int64_t t) {
+    int64_t c = atomic_load(&o->covered);
+    for (;;) {
+        int64_t lo = from > c ? from : c;
+        if (t <= lo)
+            return;
+        if (atomic_compare_exchange_weak(&o->covered, &c, t)) {
+            atomic_fetch_add(&o->spin, (uint64_t)(t - lo));
+            return;
+        }
+    }
+}
+
+void cgpu_board_launched(int pos, int64_t t) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    struct board *b = B.b;
+    if (!s || !b)
+        return;
+    uint64_t n = atomic_load(&s->colls);
+    atomic_store_explicit(&s->ring[n % BOARD_RING],
+                          STAMP_VALID | (n & STAMP_NMASK) << STAMP_TBITS | ((uint64_t)t & STAMP_TMASK),
+                          memory_order_release);
+    uint32_t used = atomic_load(&b->used);
+    for (uint32_t i = 0; i < used && i < BOARD_SLOTS; i++) {
+        struct board_slot *o = &b->slot[i];
+        int64_t at;
+        if (o != s && atomic_load(&o->pid) && (at = launched_at(o, n, t)))
+            credit(o, at, t);
+    }
+}
+
+uint64_t cgpu_board_spin_take(int pos) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    return s ? atomic_exchange(&s->spin, 0) : 0;
 }
 
 /* Under the board's lock: the stop of turn key, fixed by the first rank to ask. It is the most collectives a rank

@@ -87,16 +87,18 @@ void cgpu_send_acquire(int pos) {
     send_msg(&w);
 }
 
-void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int again) {
-    uint8_t b[160];
+void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int64_t spin, int again) {
+    uint8_t b[192];
     mp_writer w;
-    begin(&w, b, sizeof b, "release", 4 + (warmup > 0));
+    begin(&w, b, sizeof b, "release", 4 + (warmup > 0) + (spin > 0));
     field_int(&w, "gpu", C.dgpu[pos]);
     mp_w_str(&w, "lease"), mp_w_uint(&w, lease);
     field_int(&w, "used_ns", used);
     mp_w_str(&w, "again"), mp_w_bool(&w, again);
     if (warmup > 0)
         field_int(&w, "warmup_ns", warmup);
+    if (spin > 0)
+        field_int(&w, "spin_ns", spin);
     send_msg(&w);
 }
 

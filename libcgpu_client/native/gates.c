@@ -48,7 +48,7 @@ static void give_back(cgpu_gate *g, int again) {
     int64_t wake = g->first_use ? g->first_use - g->granted_at : 0; /* what the hand-over cost this client */
     g->waiting = again;
     if (cgpu_conn_connected())
-        cgpu_send_release(g->pos, lease, used, wake, again);
+        cgpu_send_release(g->pos, lease, used, wake, (int64_t)cgpu_board_spin_take(g->pos), again);
 }
 
 /* End the lease now: nothing new starts, what started finishes, the queued work is waited for. */

@@ -3,7 +3,8 @@
  * its device: one clock read while the lease is valid, the slow path (gates.c) when not.
  * Launches recorded into a graph by stream capture are not gated; the graph's launch is.
  * A kernel launch that is a collective (its name contains a part of CGPU_COLLECTIVE_KERNELS) is counted on
- * the board (board.c) before its gate, so that a job's ranks end a gang turn at the same collective. */
+ * the board (board.c) before its gate, so that a job's ranks end a gang turn at the same collective, and stamped
+ * there once through it, so that the board can tell how long a peer's same collective waited for it. */
 #define _GNU_SOURCE
 #include <string.h>
 
@@ -71,6 +72,9 @@ static int collective(CUfunction f, CUstream stream) {
         int counted_ = cgpu_gate_enter(g_) ? 1 : slow(g_, stream, coll_); \
         if (counted_ < 0)                                                 \
             return CGPU_REFUSED_ERROR;                                    \
+        if (coll_) /* the gate's own clock read: when it let it through */ \
+            cgpu_board_launched(pos_, counted_ ? atomic_load_explicit(&g_->last_use, memory_order_relaxed) \
+                                               : cgpu_now());             \
         CUresult r_ = call;                                               \
         if (counted_ > 0)                                                 \
             cgpu_gate_leave(g_);                                          \

@@ -52,6 +52,11 @@ CGPU_HIDDEN void cgpu_board_turn(int pos, int64_t key); /* the turn held on GPU 
  * cgpu_board_unlaunch). */
 CGPU_HIDDEN int cgpu_board_launch(int pos);
 CGPU_HIDDEN void cgpu_board_unlaunch(int pos);
+/* The counted collective went through GPU pos's gate at t (the gate's clock read): its launch is stamped, and
+ * the peers that launched the same collective earlier are credited their wait for it as spin. */
+CGPU_HIDDEN void cgpu_board_launched(int pos, int64_t t);
+/* The spin counted for this process on GPU pos since the last call (ns), reset. */
+CGPU_HIDDEN uint64_t cgpu_board_spin_take(int pos);
 /* Past the turn's end with its lease held: 1 while this process is one collective short of the turn's stop on GPU
  * pos (coll: the launch is that collective, counted), so the launch goes on. */
 CGPU_HIDDEN int cgpu_board_may_finish(int pos, int coll);
@@ -81,8 +86,9 @@ CGPU_HIDDEN const char *cgpu_conn_uuid(int pos);
 CGPU_HIDDEN int cgpu_conn_gpu(int pos); /* the daemon's index of GPU pos; -1 before a registration */
 CGPU_HIDDEN const char *cgpu_conn_instance(void); /* the instance the daemon resolved; "" before a registration */
 CGPU_HIDDEN void cgpu_send_acquire(int pos);
-/* used: grant received to release sent; warmup: grant received to the first launch (0: leave it off) */
-CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int again);
+/* used: grant received to release sent; warmup: grant received to the first launch; spin: collective spin
+ * counted on the board since the last release (each 0: left off) */
+CGPU_HIDDEN void cgpu_send_release(int pos, uint64_t lease, int64_t used, int64_t warmup, int64_t spin, int again);
 CGPU_HIDDEN void cgpu_send_mem_free(int pos, int64_t bytes);
 /* mem_reserve (bytes > 0) or mem_query (bytes < 0): 0 answered, -1 not connected, -2 lost on the way */
 CGPU_HIDDEN int cgpu_rpc_mem(int pos, int64_t bytes, int *ok, int64_t *used, int64_t *limit);
