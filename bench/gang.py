@@ -17,9 +17,10 @@ A rate is steps a second; a share is the rate in the scenario against the rate a
 processes; a single-GPU tenant beside one on the other GPU, as the host is loaded in the scenario: the mean of its
 windows, see :func:`baseline_groups`). Printed, per run: the job's rate against its entitled rate (entitled share x
 rate alone), its collective spin as % of the time it held its GPUs (the driver's count against the daemon's held
-time), each single-GPU tenant's share against its entitlement, and the longest stall: the longest gap between two
-steps of any tenant, less a step, against the round of its GPU *as held*: the time its instances held it in the
-window, over the turns of the instance with fewest there (every instance has a turn a round; for the job, its GPU
+time; beside it the shim's, ``gang_shim_spin_seconds`` in status: what libcgpu.so counted from the ranks' launches
+and reported), each single-GPU tenant's share against its entitlement, and the longest stall: the longest gap
+between two steps of any tenant, less a step, against the round of its GPU *as held*: the time its instances held it
+in the window, over the turns of the instance with fewest there (every instance has a turn a round; for the job, its GPU
 with the longer round). The round in force that status gives counts a turn's useful time only, not the hand-over
 each turn is lengthened by, so a tenant waiting its due, the others' turns, read as a stall beside it; and one turn
 of every instance, each its mean, read short where a turn is cut where a gang is due (its rest is a second, short
@@ -175,6 +176,13 @@ def turns(daemon: DaemonProc) -> dict[int, dict[str, tuple[float, int]]]:
             for g in daemon.status()["gpus"]}
 
 
+def shim_spin_s(daemon: DaemonProc, instance: str) -> float:
+    """The collective spin the instance's processes reported so far (status ``gang_shim_spin_seconds``), over its
+    GPUs (behaviour §11, the shim's spin)."""
+    return sum(float(i.get("gang_shim_spin_seconds", 0.0)) for g in daemon.status()["gpus"] for i in g["instances"]
+               if i["id"] == instance)
+
+
 def rounds_held_ms(t0: dict[int, dict[str, tuple[float, int]]], t1: dict[int, dict[str, tuple[float, int]]]
                    ) -> dict[int, float]:
     """Per GPU, the round as held between two :func:`turns`: the time its instances held it, over the turns of the
@@ -236,13 +244,14 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
         # the job's spin and held time over the window its rate is read in: from a second in (a collective that
         # one rank launched as the other paused, in the run before, spins until they run again and is counted as it
         # ends, early in this run) to its end
-        marks: dict[str, tuple[int, dict[str, tuple[int, float]]]] = {}
+        marks: dict[str, tuple[int, dict[str, tuple[int, float, float]]]] = {}
         held: dict[str, dict[int, dict[str, tuple[float, int]]]] = {}
 
         def snap(key: str) -> None:
             now = held[key] = turns(daemon)
             marks[key] = (time.monotonic_ns(), {
-                t.name: (ps.spin_ns(t), sum(gpu.get(ps.instance(t), (0.0, 0))[0] for gpu in now.values()))
+                t.name: (ps.spin_ns(t), sum(gpu.get(ps.instance(t), (0.0, 0))[0] for gpu in now.values()),
+                         shim_spin_s(daemon, ps.instance(t)))
                 for t in jobs})
 
         rounds: list[float] = []
@@ -261,11 +270,12 @@ def run_scenario(where: NativeTarget, daemon: DaemonProc, name: str, tenants: tu
                                    "stall_ms": round(longest_gap_ms(ends, w0, c1, 1e9 / alone if alone else 0), 1),
                                    "round_ms": max(round_held.get(g, 0.0) for g in t.gpus), "job": t.job}
             if t.job:
-                spin0, held0 = before[t.name]
-                spin1, held1 = after[t.name]
+                spin0, held0, shim0 = before[t.name]
+                spin1, held1, shim1 = after[t.name]
                 row["entitled_rate"] = round(alone * t.target / 100, 1)
                 row["rate_pct"] = round(100 * now / (alone * t.target / 100), 1) if alone else 0.0
                 row["spin_pct"] = round(100 * (spin1 - spin0) / 1e9 / (held1 - held0), 2) if held1 > held0 else 0.0
+                row["shim_spin_pct"] = round(100 * (shim1 - shim0) / (held1 - held0), 2) if held1 > held0 else 0.0
             out["tenants"][t.name] = row
         out["round_ms"] = rounds[0] if rounds else 0.0
     return out
@@ -290,7 +300,8 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     tenant_err = max((abs(r["share_pct"] - r["target_pct"]) for r in first.values() if not r["job"]), default=0.0)
     every = [r for row in rows for r in row["tenants"].values()]
     worst = max(every, key=lambda r: r["stall_ms"] / r["round_ms"] if r["round_ms"] else float("inf"))
-    return {"gang_rate_pct": job["rate_pct"], "spin_pct": job["spin_pct"], "tenant_err_pp": round(tenant_err, 2),
+    return {"gang_rate_pct": job["rate_pct"], "spin_pct": job["spin_pct"], "shim_spin_pct": job["shim_spin_pct"],
+            "tenant_err_pp": round(tenant_err, 2),
             "max_stall_ms": max(r["stall_ms"] for r in every),
             "stall_in_rounds": round(worst["stall_ms"] / worst["round_ms"], 2) if worst["round_ms"] else 0.0,
             "round_ms": worst["round_ms"], "round_in_force_ms": max(row["round_ms"] for row in rows)}
@@ -316,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.seconds:g} s a scenario; the daemon at its defaults (policy 1), gangs off "
              "(--gang-window-ms 0) then on (the default window).", "",
              "| run | scenario | tenant | target % | measured % | rate /s | entitled /s | rate % of entitled | "
-             "spin % of held | longest stall ms | round ms |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "spin % of held | shim's spin % of held | longest stall ms | round ms |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print(f"{'run':20} {'scenario':12} {'tenant':6} {'target%':>8} {'measured%':>10} {'rate/s':>7} "
-          f"{'entitled/s':>10} {'rate%':>6} {'spin%':>6} {'stall ms':>9} {'round ms':>9}")
+          f"{'entitled/s':>10} {'rate%':>6} {'spin%':>6} {'shim%':>6} {'stall ms':>9} {'round ms':>9}")
     summary: dict[str, dict[str, float]] = {}
     for run, rows in runs.items():
         for row in rows:
@@ -327,13 +338,17 @@ def main(argv: list[str] | None = None) -> int:
                 ent = f"{r['entitled_rate']:.1f}" if r["job"] else "-"
                 pct = f"{r['rate_pct']:.1f}" if r["job"] else "-"
                 spin = f"{r['spin_pct']:.2f}" if r["job"] else "-"
+                shim = f"{r['shim_spin_pct']:.2f}" if r["job"] else "-"
                 print(f"{run:20} {row['scenario']:12} {name:6} {r['target_pct']:8.2f} {r['share_pct']:10.2f} "
-                      f"{r['rate']:7.1f} {ent:>10} {pct:>6} {spin:>6} {r['stall_ms']:9.1f} {r['round_ms']:9.1f}")
+                      f"{r['rate']:7.1f} {ent:>10} {pct:>6} {spin:>6} {shim:>6} {r['stall_ms']:9.1f} "
+                      f"{r['round_ms']:9.1f}")
                 lines.append(f"| {run} | {row['scenario']} | {name} | {r['target_pct']:.2f} | {r['share_pct']:.2f} | "
-                             f"{r['rate']:.1f} | {ent} | {pct} | {spin} | {r['stall_ms']:.1f} | {r['round_ms']:.1f} |")
+                             f"{r['rate']:.1f} | {ent} | {pct} | {spin} | {shim} | {r['stall_ms']:.1f} | "
+                             f"{r['round_ms']:.1f} |")
         summary[run] = figures(rows)
     for run, f in summary.items():
-        print(f"{run}: job at {f['gang_rate_pct']:.1f} % of its entitled rate, spin {f['spin_pct']:.2f} % of held, "
+        print(f"{run}: job at {f['gang_rate_pct']:.1f} % of its entitled rate, spin {f['spin_pct']:.2f} % of held "
+              f"(the shim's count: {f['shim_spin_pct']:.2f} %), "
               f"tenants within {f['tenant_err_pp']:.2f} pp, longest stall {f['max_stall_ms']:.1f} ms; the longest "
               f"against its GPU's round as held, {f['stall_in_rounds']:.2f} of {f['round_ms']:.1f} ms (the round in "
               f"force, useful time: {f['round_in_force_ms']:.1f} ms)")
