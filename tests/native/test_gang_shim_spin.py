@@ -20,6 +20,7 @@ from cgpu_testing.daemon import DaemonProc
 from tests.native.conftest import Native
 
 SLOT = struct.Struct("5Q")  # fakecoll.c: started, spin_ns, count, work_ns, max_spin_ns per physical device
+TIMEOUT_MS = 400  # a collective whose peer never comes (one rank paused first) gives up after this
 
 
 def _run(n: Native, tmp_path: Path, lag_ms: int, seconds: float) -> tuple[list[float], int, float]:
@@ -32,7 +33,8 @@ def _run(n: Native, tmp_path: Path, lag_ms: int, seconds: float) -> tuple[list[f
         try:
             for gpu, serve in ((0, "serve=0.5,4"), (1, f"serve=0.5,4,{lag_ms}")):
                 env = n.env(d, CGPU_INSTANCE="J", FAKECUDA_DEVICES="2", CUDA_VISIBLE_DEVICES=str(gpu),
-                            ALIYUN_COM_GPU_VISIBLE_DEVICES=str(gpu), FAKECUDA_COLLECTIVE=f"{tag}:0,1")
+                            ALIYUN_COM_GPU_VISIBLE_DEVICES=str(gpu), FAKECUDA_COLLECTIVE=f"{tag}:0,1",
+                            FAKECUDA_COLLECTIVE_TIMEOUT_MS=str(TIMEOUT_MS))
                 procs.append(subprocess.Popen([str(n.job_direct), "collective", serve], env=env, stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             for p in procs:
@@ -43,9 +45,7 @@ def _run(n: Native, tmp_path: Path, lag_ms: int, seconds: float) -> tuple[list[f
             time.sleep(seconds)
             for p in procs:  # GPU 0's first: its rank stops after the step its peer is in, which the peer ends
                 _say(p, "pause")
-            time.sleep(0.5)  # the idle thread gives the leases back, with the last counts
-            shim = {(g["index"], i["id"]): i["gang_shim_spin_seconds"] for g in d.status()["gpus"]
-                    for i in g["instances"]}
+            shim = _settled(d)
             raw = record.read_bytes()
             _, spin0, _, _, _ = SLOT.unpack_from(raw, 0)
             count1 = SLOT.unpack_from(raw, SLOT.size)[2]
@@ -67,6 +67,20 @@ def _run(n: Native, tmp_path: Path, lag_ms: int, seconds: float) -> tuple[list[f
     return [shim[(0, "J")], shim[(1, "J")]], count1, spin0 / 1e9
 
 
+def _settled(d: DaemonProc) -> dict[tuple[int, str], float]:
+    """Each instance's shim spin once the last counts came in: they come with releases, the last ones from the idle
+    thread after the pause, or after a collective one rank launched as its peer paused gave up (TIMEOUT_MS)."""
+    time.sleep(TIMEOUT_MS / 1000 + 0.2)
+    last: dict[tuple[int, str], float] = {}
+    for _ in range(50):
+        now = {(g["index"], i["id"]): i["gang_shim_spin_seconds"] for g in d.status()["gpus"] for i in g["instances"]}
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.3)
+    raise AssertionError(f"the shim's spin still moves: {last}")
+
+
 def _say(p: subprocess.Popen[str], line: str) -> None:
     assert p.stdin is not None
     p.stdin.write(line + "\n")
@@ -74,28 +88,30 @@ def _say(p: subprocess.Popen[str], line: str) -> None:
 
 
 def test_a_lagging_rank_shows_as_its_peers_spin(native: Native, tmp_path: Path) -> None:
-    """LAG 50 ms: GPU 0's count is 50 ms a collective at least (usleep sleeps no less), and no more than 50 % above
-    it (the host's wake-ups and the lagging rank's grant waits on a loaded machine lengthen every lag); it is the
-    fake driver's own measure of the wait within 10 % (measured: 0.1 % on a quiet 2-core host, up to 4 % with the
-    other three test runners busy, where the fake GPUs, CPU threads, start a kernel late); GPU 1 waits for nothing
-    (2 ms a collective at most)."""
+    """LAG 50 ms: GPU 0's count is 50 ms a collective, within -20 % (the rank on GPU 0 wakes up late from its own
+    sync on a loaded host, and launches closer to its peer) and +50 % (the lagging rank's wake-ups and grant waits
+    lengthen the lag); it is the fake driver's own measure of the wait within 15 % (measured: 0.1 % on a quiet
+    2-core host, 4 to 8 % with both cores busy besides, where the fake GPUs, CPU threads, start a kernel late);
+    GPU 1 waits for nothing (2 ms a collective at most)."""
     lag = 0.050
     (spin0, spin1), count, driver0 = _run(native, tmp_path, 50, 2.0)
     assert count >= 10, count
-    assert lag * count <= spin0 <= 1.5 * lag * (count + 1), (spin0, count)
-    assert abs(spin0 - driver0) <= 0.10 * driver0, (spin0, driver0, count)
+    assert 0.8 * lag * count <= spin0 <= 1.5 * lag * (count + 1), (spin0, count)
+    assert abs(spin0 - driver0) <= 0.15 * driver0, (spin0, driver0, count)
     assert spin1 <= 0.002 * count, (spin1, count)
 
 
 def test_ranks_in_step_show_little_spin(native: Native, tmp_path: Path) -> None:
-    """No lag: the ranks launch each collective within a wake-up of each other, a few ms a collective at most."""
+    """No lag: the ranks launch each collective within a wake-up of each other: on both GPUs together, a tenth of the
+    lag above a collective at most (measured: 0.05 ms on a quiet 2-core host, 1 ms with both cores busy besides,
+    3.6 ms with ASan builds and the other test runners too)."""
     (spin0, spin1), count, _ = _run(native, tmp_path, 0, 1.0)
-    assert count >= 50, count
-    assert spin0 + spin1 <= 0.003 * count, (spin0, spin1, count)
+    assert count >= 30, count
+    assert spin0 + spin1 <= 0.005 * count, (spin0, spin1, count)
 
 
 def test_the_count_under_asan(native_asan: Native, tmp_path: Path) -> None:
     """The board's stamps and credits under AddressSanitizer and UBSan, with the lag test's bounds."""
     (spin0, _), count, _ = _run(native_asan, tmp_path, 50, 1.0)
     assert count >= 5, count
-    assert 0.050 * count <= spin0 <= 1.5 * 0.050 * (count + 1), (spin0, count)
+    assert 0.8 * 0.050 * count <= spin0 <= 1.5 * 0.050 * (count + 1), (spin0, count)
