@@ -226,15 +226,12 @@ class NativeTarget:
 def native_target(tmp: Path) -> NativeTarget | None:
     from cgpu_testing.native.build import build_fakes, build_job
     from libcgpu_client.native import build as nb
-    from libcgpu_client.native import shim_path
 
-    shim = shim_path()
     try:
         job = build_job(tmp / "cuda_job")
         real = has_gpu()
         fakes = None if real else build_fakes(tmp / "fakes")
-        if shim is None:
-            shim = nb.build_shim(tmp / "shim")
+        shim = nb.current_shim(tmp / "shim")
     except (nb.BuildError, FileNotFoundError):
         return None
     return NativeTarget(job, shim, fakes, real)

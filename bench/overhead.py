@@ -191,13 +191,12 @@ def native_overhead(sock: str, pid: int, seconds: float, runs: int = 3, realtime
     """libcgpu.so's fast path per launch and the grant round trip from C; None without gcc."""
     from cgpu_testing.native.build import build_fakes, build_job
     from libcgpu_client.native import build as nb
-    from libcgpu_client.native import shim_path
 
     if shutil.which("gcc") is None:
         return None
     out = Path(tempfile.mkdtemp(prefix="cgpu-native-"))
     fakes = build_fakes(out)
-    shim = shim_path() or nb.build_shim(out)
+    shim = nb.current_shim(out)
     job = build_job(out / "cuda_job", link_cuda=fakes, defines=("DIRECT",))
     base = {**os.environ, "LD_LIBRARY_PATH": str(fakes)}
     shimmed = {**base, "LD_PRELOAD": str(shim), "CGPU_SOCKET": sock, "CGPU_INSTANCE": "shim-fastpath",

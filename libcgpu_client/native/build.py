@@ -14,7 +14,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from libcgpu_client.native import HERE
+from libcgpu_client.native import HERE, shim_path
 
 SHIM_SOURCES = ("mp.c", "env.c", "log.c", "conn.c", "board.c", "gates.c", "resolve.c", "launch.c", "memory.c",
                 "pools.c", "context.c", "capture.c", "preload.c", "graphmem.c")
@@ -74,3 +74,13 @@ def asan_runtime() -> str:
     """The path of gcc's libasan, which must come first in LD_PRELOAD for an ASan-built shim."""
     return subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True,
                           check=True).stdout.strip()
+
+
+def current_shim(out_dir: Path) -> Path:
+    """The pip-built libcgpu.so where it is newer than every source, else one built into ``out_dir`` from them: a
+    benchmark or test run after an edit of the shim must not load the one built before it."""
+    built = shim_path()
+    srcs = [HERE / s for s in SHIM_SOURCES] + headers()
+    if built is not None and all(built.stat().st_mtime >= p.stat().st_mtime for p in srcs):
+        return built
+    return build_shim(out_dir)

@@ -13,7 +13,7 @@ import pytest
 
 from cgpu_testing.daemon import DaemonProc
 from cgpu_testing.native import build as fakes_build
-from libcgpu_client.native import HERE, shim_path
+from libcgpu_client.native import HERE
 from libcgpu_client.native import build as nb
 
 PROGS = Path(__file__).parent / "progs"
@@ -44,11 +44,7 @@ class Native:
 
 def _shim() -> Path:
     """The pip-built libcgpu.so when it is newer than every source; else a fresh build."""
-    built = shim_path()
-    sources = [HERE / s for s in nb.SHIM_SOURCES] + sorted(HERE.glob("*.h"))
-    if built is not None and all(built.stat().st_mtime >= s.stat().st_mtime for s in sources):
-        return built
-    return nb.build_shim(Path(os.environ.get("CGPU_NATIVE_BUILD", "/tmp/cgpu-native-build")) / "shim")
+    return nb.current_shim(Path(os.environ.get("CGPU_NATIVE_BUILD", "/tmp/cgpu-native-build")) / "shim")
 
 
 def _build(out: Path, asan: bool) -> Native:
