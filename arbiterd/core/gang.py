@@ -19,8 +19,8 @@ each GPU's other tenants share the rest by weight (under their limits).
 *Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are held
 (as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
 every member, the gang is *armed*: each member GPU ends its current turn where that turn's nominal end is (an
-extended lone holder runs on to where the gang can start: until it is armed, a gang does not count as waiting for a
-GPU's own turns, :meth:`GangBook.contends`, so a lone tenant there holds one lease between its turns); a GPU whose
+extended lone holder runs on to where the gang can start: a gang does not count as waiting for a GPU's own turns,
+so a lone tenant there holds one lease between its turns); a GPU whose
 turn ends before its peers' gives the gap to its own tenants, in a turn cut to end where the last peer's ends
 (:meth:`GangView.fence`); when every member GPU is free the gang is granted all of them at once, one deadline for
 all. Before it is armed, a turn a member GPU starts that would run on more than half its length past where the gang
@@ -224,7 +224,13 @@ class GangBook:
             m.policy.demand(inst, now)  # back among its GPU's turns, at the tail of the round
 
     def changed(self) -> None:
+        """Instances, weights, priorities, limits or a policy changed on a GPU: a gang may no longer be one. Every
+        GPU of the book looks again at its next tick (at once), so that a gang an operator's write dissolved is
+        gone then, and its ranks wait as their GPUs' own tenants, not until some event there happens to sync."""
         self._dirty = True
+        if self.gangs:
+            for g in self.members:
+                self._kick.setdefault(g, self._t)
 
     def removed(self, gpu: int, name: str, now: int) -> None:
         """Instance ``name`` is about to be forgotten on ``gpu`` (its record dropped): a gang of it over ``gpu``
@@ -425,7 +431,10 @@ class GangBook:
     def _cut_back(self, gang: Gang, now: int) -> list[Effect]:
         """The gang is armed: an extended lone holder on a member GPU runs on to where the gang can start (its
         nominal turn's end at the earliest, and the last peer's current turn's end), and no more: nobody else
-        waits for that GPU meanwhile, and a renewal there would cost its holder a hand-over."""
+        waits for that GPU meanwhile, and a renewal there would cost its holder a hand-over. It stays extended
+        (its nominal end kept), so that another instance that comes to wait there, or the gang's own rank once the
+        gang dissolves, cuts it back to its turn as before; and it never runs past the end its grant had (a limit's
+        ceiling, limits.py)."""
         extended: list[tuple[int, Lease, int]] = []
         start = now
         for g in gang.gpus:
@@ -443,13 +452,14 @@ class GangBook:
         effects: list[Effect] = []
         for g, lease, _ in extended:
             rq = self.members[g].rq
-            lease.nominal_ns = None
-            if now >= start:
+            end = min(start, lease.deadline_ns)
+            if now >= end:
+                lease.nominal_ns = None
                 lease.deadline_ns = now
                 effects += rq.revoke(lease, now, "turn")
-            else:
-                lease.deadline_ns = start
-                effects += [GrantLease(c, g, lease.id, start, 0) for c in sorted(lease.clients)]
+            elif end != lease.deadline_ns:
+                lease.deadline_ns = end
+                effects += [GrantLease(c, g, lease.id, end, 0) for c in sorted(lease.clients)]
         return effects
 
     def fence(self, gpu: int, now: int) -> int | None:
@@ -696,13 +706,6 @@ class GangBook:
         return out
 
     # ---------------------------------------------------------------- the view for status
-    def contends(self, gpu: int, name: str) -> bool:
-        """Whether instance ``name`` contends for ``gpu`` in its GPU's own turns: a gang's member only while its
-        gang is armed (it takes its turn when every member GPU is free, :meth:`_cut_back`); until then a lone
-        holder there runs on, extended, and needs no renewal."""
-        gang = self.gang_of(gpu, name)
-        return gang is None or gang.armed
-
     def gang_of(self, gpu: int, name: str) -> Gang | None:
         gang = self.gangs.get(name)
         return gang if gang is not None and gpu in gang.gpus else None
@@ -745,9 +748,6 @@ class GangView(GangHooks):
 
     def granted(self, now: int) -> None:
         self.book._busy_end(self.gpu, now)
-
-    def contends(self, inst: InstanceState) -> bool:
-        return self.book.contends(self.gpu, inst.name)
 
     def wakeup(self) -> int | None:
         return self.book.wakeup(self.gpu)

@@ -112,10 +112,6 @@ class GangHooks:
     def granted(self, now: int) -> None:
         """A lease was granted on this GPU (to anyone): it is not idle for a gang."""
 
-    def contends(self, inst: InstanceState) -> bool:
-        """Whether ``inst``, a gang's member here, wants this GPU in its own turns now (its gang is armed)."""
-        return True
-
     def touched(self, inst: InstanceState, now: int) -> None:
         """``inst`` may have gained or lost demand."""
 

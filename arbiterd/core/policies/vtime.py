@@ -89,13 +89,12 @@ class VirtualTime(Policy):
         return inst.weight * self.turn_slice_ns()
 
     def contended(self, inst: InstanceState) -> bool:
-        """Whether another instance wants the GPU that ``inst`` holds: a normal one or a gang's (a high-priority one
-        with credit preempts by itself), or any at all where ``inst`` is high priority, on leftover time."""
+        """Whether another instance wants the GPU that ``inst`` holds: a normal one (a high-priority one with credit
+        preempts by itself; a gang's member takes its turn when its gang is armed, which cuts an extended holder
+        back itself, gang.py), or any at all where ``inst`` is high priority, on leftover time."""
         gpu = self.gpu
-        gangs = gpu.gangs
-        others: list[InstanceState] | Collection[InstanceState] = gpu.instances.values() if inst.highprio else (
-            [i for i in gpu.instances.values() if not i.highprio and (not i.gang or gangs.contends(i))]
-            if gangs.active else gpu.normal_members())
+        others: list[InstanceState] | Collection[InstanceState] = (
+            gpu.instances.values() if inst.highprio else gpu.normal_members())
         bw = gpu.bw
         return any(i.waiters and not bw.throttled(i) for i in others if i is not inst and i.weight > 0)
 
