@@ -6,6 +6,10 @@
  * gpa-ptsz for the per-thread default stream variants).
  *
  * usage: cuda_job [--resolve MODE] [--api launch|ex|coop|graph] ACTION...
+ *   (--api graph: spin and serve capture one batch of kernels into a graph and replay it; --graph HOW: how serve
+ *   makes the graph it replays from the capture: capture (itself), clone (cuGraphClone of it), child (a graph of
+ *   one child graph node holding it, cuGraphAddChildGraphNode), update (an executable graph of BATCH spin kernels
+ *   given the captured graph's kernels by cuGraphExecUpdate))
  *   alloc=SIZE pitch=W,H async=SIZE create=SIZE   allocate (SIZE: bytes, or with K/M/G)
  *   freeall                                        free everything allocated so far
  *   info total                                     cuMemGetInfo / cuDeviceTotalMem
@@ -30,7 +34,10 @@
  *   sleep=MS  ready
  *   serve=MS,BATCH[,LAG]                           on stdin commands: run (LAG ms of host work, BATCH kernels
  *                                                  of MS, a stream sync, again), pause, dump PATH (batch end
- *                                                  times, JSON), quit
+ *                                                  times, JSON), quit. With --api graph the BATCH kernels are
+ *                                                  captured once (global mode, before ready) and each step is
+ *                                                  one replay of that graph: a CUDA-graph decode step or
+ *                                                  training step, its collective inside the graph
  * Each action prints one line: its name and results. Its kernels are real PTX (cgpu_spin busy-waits on
  * %globaltimer), so the same binary runs on a GPU; the fake driver runs them as CPU spins. */
 #define _GNU_SOURCE
@@ -54,6 +61,10 @@
     X(cuStreamBeginCapture_v2, CUresult (*)(CUstream, int))                                    \
     X(cuStreamEndCapture, CUresult (*)(CUstream, CUgraph *))                                   \
     X(cuGraphInstantiateWithFlags, CUresult (*)(CUgraphExec *, CUgraph, unsigned long long))   \
+    X(cuGraphCreate, CUresult (*)(CUgraph *, unsigned))                                        \
+    X(cuGraphClone, CUresult (*)(CUgraph *, CUgraph))                                          \
+    X(cuGraphAddChildGraphNode, CUresult (*)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph)) \
+    X(cuGraphExecUpdate_v2, CUresult (*)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *)) \
     X(cuModuleLoadData, CUresult (*)(CUmodule *, const void *))                                \
     X(cuModuleGetFunction, CUresult (*)(CUfunction *, CUmodule, const char *))                 \
     X(cuModuleUnload, CUresult (*)(CUmodule))                                                  \
@@ -185,6 +196,7 @@ static int nallocs;
 static CUstream stream;
 static CUfunction spin_fn, null_fn, last_fn; /* last_fn: each served batch's last kernel */
 static const char *api_kind = "launch";
+static const char *graph_how = "capture"; /* --graph */
 
 static CUresult launch_one(CUfunction f, uint64_t *ns) {
     void *params[] = {ns};
@@ -247,6 +259,7 @@ static struct {
     int batch;
     useconds_t lag_us; /* the host's part of a step, before its launches */
     CUcontext ctx;
+    CUgraphExec step; /* --api graph: the step, captured */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static void *serve_spin(void *arg) {
@@ -261,8 +274,11 @@ static void *serve_spin(void *arg) {
         pthread_mutex_unlock(&S.mu);
         if (S.lag_us)
             usleep(S.lag_us);
-        for (int k = 0; k < S.batch; k++)
-            CHECK(launch_one(k == S.batch - 1 ? last_fn : spin_fn, &S.ns));
+        if (S.step)
+            CHECK(api.cuGraphLaunch(S.step, stream));
+        else
+            for (int k = 0; k < S.batch; k++)
+                CHECK(launch_one(k == S.batch - 1 ? last_fn : spin_fn, &S.ns));
         CHECK(api.cuStreamSynchronize(stream));
         int64_t t = now_ns();
         pthread_mutex_lock(&S.mu);
@@ -278,6 +294,44 @@ static void *serve_spin(void *arg) {
     return NULL;
 }
 
+/* A global-mode capture (PyTorch's default) of n kernels of S.ns, the last last_fn when `last` (else all spins). */
+static CUgraph capture_step(int n, int last) {
+    CUgraph g;
+    CHECK(api.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int k = 0; k < n; k++)
+        CHECK(launch_one(last && k == n - 1 ? last_fn : spin_fn, &S.ns));
+    CHECK(api.cuStreamEndCapture(stream, &g));
+    return g;
+}
+
+/* serve's step as an executable graph: one batch, its collective included, captured, then made into what it
+ * replays as --graph says. */
+static CUgraphExec step_graph(int batch) {
+    CUgraph g = capture_step(batch, 1), made = g;
+    CUgraphExec e;
+    if (strcmp(graph_how, "clone") == 0) {
+        CHECK(api.cuGraphClone(&made, g));
+    } else if (strcmp(graph_how, "child") == 0) {
+        CUgraphNode node;
+        CHECK(api.cuGraphCreate(&made, 0));
+        CHECK(api.cuGraphAddChildGraphNode(&node, made, NULL, 0, g));
+    } else if (strcmp(graph_how, "update") == 0) {
+        made = capture_step(batch, 0);
+    } else if (strcmp(graph_how, "capture") != 0) {
+        fprintf(stderr, "cuda_job: unknown --graph %s\n", graph_how);
+        exit(2);
+    }
+    CHECK(api.cuGraphInstantiateWithFlags(&e, made, 0));
+    if (strcmp(graph_how, "update") == 0) {
+        CUgraphExecUpdateResultInfo info;
+        CHECK(api.cuGraphExecUpdate_v2(e, g, &info));
+    }
+    if (made != g)
+        CHECK(api.cuGraphDestroy(made));
+    CHECK(api.cuGraphDestroy(g));
+    return e;
+}
+
 static void serve(double ms, int batch, CUcontext ctx) {
     CUdeviceptr p;
     CHECK(api.cuMemAlloc_v2(&p, 1 << 20)); /* registers with the daemon before the first command */
@@ -285,6 +339,8 @@ static void serve(double ms, int batch, CUcontext ctx) {
     S.ns = (uint64_t)(ms * 1e6);
     S.batch = batch;
     S.ctx = ctx;
+    if (strcmp(api_kind, "graph") == 0)
+        S.step = step_graph(batch);
     pthread_t t;
     if (pthread_create(&t, NULL, serve_spin, NULL) != 0)
         exit(5);
@@ -317,6 +373,8 @@ static void serve(double ms, int batch, CUcontext ctx) {
     pthread_cond_broadcast(&S.cv);
     pthread_mutex_unlock(&S.mu);
     pthread_join(t, NULL);
+    if (S.step)
+        CHECK(api.cuGraphExecDestroy(S.step));
     free(S.ends);
 }
 
@@ -414,6 +472,8 @@ int main(int argc, char **argv) {
             mode = argv[i + 1];
         else if (strcmp(argv[i], "--api") == 0)
             api_kind = argv[i + 1];
+        else if (strcmp(argv[i], "--graph") == 0)
+            graph_how = argv[i + 1];
     }
     resolve(mode);
     CUdevice dev;

@@ -6,7 +6,8 @@
  * communicators concurrently": NCCL kernels are blocking, waiting for data to arrive; "Creating a
  * Communicator": one rank per CUDA device). Then it does its own work, the nanoseconds of its first parameter,
  * as cgpu_spin does. Like any kernel it runs after its launch returned (CUDA Driver API, Execution Control,
- * cuLaunchKernel: kernel launches are asynchronous), on the context's worker thread.
+ * cuLaunchKernel: kernel launches are asynchronous), on the context's worker thread; captured into a graph, at each
+ * replay (fakecuda.c), counted among the device's steps as a launch of it is.
  *
  * The peers meet in shared memory, so one process with several devices and one process per GPU (as torchrun
  * makes) are the same to it: FAKECUDA_COLLECTIVE="ID:P,P,..." names the job (ID) and the physical devices of

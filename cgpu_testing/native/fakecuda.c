@@ -45,15 +45,21 @@ struct gm_list { /* graph memory nodes (below): allocations or frees */
     int n, cap;
     struct gm_alloc **v;
 };
+/* A kernel node of a graph: a spin kernel (OP_KERNEL) or the collective (OP_COLLECTIVE), and its nanoseconds. To
+ * CUDA both are kernel nodes (CU_GRAPH_NODE_TYPE_KERNEL): what kernel a node runs is one of its parameters. */
+struct gnode {
+    int kind;
+    uint64_t ns;
+};
 struct CUgraph_st {
     int n, cap;
-    uint64_t *ns; /* the spin kernels captured, in order */
+    struct gnode *nodes; /* the kernels captured, in order */
     struct gm_list allocs, frees; /* its memory nodes */
     struct CUgraphExec_st *inst;  /* its executable graph, if it has memory nodes (at most one: gm_instantiate) */
 };
 struct CUgraphExec_st {
     int n;
-    uint64_t *ns;
+    struct gnode *nodes;
     struct gm_list allocs, frees; /* its graph's memory nodes, at instantiation */
     unsigned long long flags;
     int mapped, destroyed;        /* the graph memory pool backs its allocations; destroyed with some still live */
@@ -207,9 +213,12 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
         switch (o->kind) {
         case OP_KERNEL: spin(o->ns); break;
-        case OP_GRAPH:
+        case OP_GRAPH: /* its nodes in order, each as the kernel it is */
             for (int k = 0; k < o->graph->n; k++)
-                spin(o->graph->ns[k]);
+                if (o->graph->nodes[k].kind == OP_COLLECTIVE)
+                    fakecoll_run(D.phys[c->dev], o->graph->nodes[k].ns);
+                else
+                    spin(o->graph->nodes[k].ns);
             break;
         case OP_EVENT: o->ev->when = now_ns(); break;
         case OP_FREE: break;
@@ -226,7 +235,7 @@ static void *worker_main(void *arg) {
         c->pending--;
         c->done_seq = o->seq;
         if (o->kind == OP_GRAPH) {
-            free(o->graph->ns);
+            free(o->graph->nodes);
             free(o->graph);
         }
         free(o);
@@ -791,7 +800,7 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg) {
     if (s->invalidated) {
         if (!s->to_graph) { /* the caller's own graph stays the caller's to destroy */
             gm_graph_release(s->graph);
-            free(s->graph->ns);
+            free(s->graph->nodes);
             free(s->graph);
         }
         s->graph = NULL;
@@ -931,6 +940,24 @@ EXPORT CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
     return CUDA_SUCCESS;
 }
 
+/* Appends n kernel nodes to g's sequence. */
+static CUresult graph_append(struct CUgraph_st *g, const struct gnode *nodes, int n) {
+    if (g->n + n > g->cap) {
+        int cap = g->cap ? g->cap : 16;
+        while (cap < g->n + n)
+            cap *= 2;
+        struct gnode *grown = realloc(g->nodes, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->nodes = grown;
+        g->cap = cap;
+    }
+    if (n)
+        memcpy(g->nodes + g->n, nodes, (size_t)n * sizeof *nodes);
+    g->n += n;
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(CUfunction f, CUstream s, void **params) {
     CHECK_INIT();
     if (f != &fn_spin && f != &fn_null && f != &fn_allreduce)
@@ -945,25 +972,20 @@ static CUresult launch(CUfunction f, CUstream s, void **params) {
     uint64_t ns = *(const uint64_t *)params[0]; /* parameters are copied at launch */
     if (s->capturing && s->invalidated)
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    if (s->capturing && f == &fn_allreduce)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* collectives in graphs are not modelled */
+    int kind = f == &fn_allreduce ? OP_COLLECTIVE : OP_KERNEL;
+    /* A capturing stream records the kernel as a node of its graph, the collective too: NCCL's collectives can be
+     * captured since NCCL 2.9 (NCCL User Guide, "Using NCCL with CUDA Graphs": "NCCL's collective, P2P and group
+     * operations all support CUDA Graph captures"; "The launch of a graph ... containing a captured NCCL operation
+     * is considered collective for the same set of ranks that were present in the capture"). A replay runs it as
+     * the collective it is: its k-th run on a device meets its peers' k-th collectives, captured or not. */
     if (s->capturing) {
-        CUgraph g = s->graph;
-        if (g->n == g->cap) {
-            int cap = g->cap ? 2 * g->cap : 16;
-            uint64_t *grown = realloc(g->ns, (size_t)cap * sizeof *grown);
-            if (!grown)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            g->ns = grown;
-            g->cap = cap;
-        }
-        g->ns[g->n++] = ns;
-        return CUDA_SUCCESS;
+        struct gnode node = {kind, ns};
+        return graph_append(s->graph, &node, 1);
     }
     op *o = calloc(1, sizeof *o);
     if (!o)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    o->kind = f == &fn_allreduce ? OP_COLLECTIVE : OP_KERNEL;
+    o->kind = kind;
     o->ns = ns;
     return enqueue(s, o);
 }
@@ -1004,16 +1026,16 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
     e->n = g->n;
-    e->ns = malloc((size_t)(g->n ? g->n : 1) * sizeof *e->ns);
-    if (!e->ns) {
+    e->nodes = malloc((size_t)(g->n ? g->n : 1) * sizeof *e->nodes);
+    if (!e->nodes) {
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (g->n)
-        memcpy(e->ns, g->ns, (size_t)g->n * sizeof *e->ns);
+        memcpy(e->nodes, g->nodes, (size_t)g->n * sizeof *e->nodes);
     CUresult r = gm_instantiate(e, g, flags);
     if (r != CUDA_SUCCESS) {
-        free(e->ns);
+        free(e->nodes);
         free(e);
         return r;
     }
@@ -1033,15 +1055,15 @@ static CUresult graph_launch(CUgraphExec e, CUstream s) {
         return mapped;
     op *o = calloc(1, sizeof *o);
     struct CUgraphExec_st *copy = calloc(1, sizeof *copy); /* the queued launch owns a snapshot */
-    uint64_t *ns = malloc((size_t)(e->n ? e->n : 1) * sizeof *ns);
-    if (!o || !copy || !ns) {
-        free(o), free(copy), free(ns);
+    struct gnode *nodes = malloc((size_t)(e->n ? e->n : 1) * sizeof *nodes);
+    if (!o || !copy || !nodes) {
+        free(o), free(copy), free(nodes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (e->n)
-        memcpy(ns, e->ns, (size_t)e->n * sizeof *ns);
+        memcpy(nodes, e->nodes, (size_t)e->n * sizeof *nodes);
     copy->n = e->n;
-    copy->ns = ns;
+    copy->nodes = nodes;
     o->kind = OP_GRAPH;
     o->graph = copy;
     enqueue(s, o);
@@ -1057,7 +1079,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
         return CUDA_ERROR_INVALID_VALUE;
     if (gm_exec_destroy(e)) /* kept until its live graph allocations are freed */
         return CUDA_SUCCESS;
-    free(e->ns);
+    free(e->nodes);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -1067,7 +1089,7 @@ EXPORT CUresult cuGraphDestroy(CUgraph g) {
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
     gm_graph_release(g);
-    free(g->ns);
+    free(g->nodes);
     free(g);
     return CUDA_SUCCESS;
 }
@@ -1855,7 +1877,7 @@ static void gm_end_life(struct gm_alloc *a) {
     a->by = NULL;
     if (by && by->destroyed && gm_live_of(by) == 0) {
         gm_exec_free(by);
-        free(by->ns);
+        free(by->nodes);
         free(by);
     }
 }
@@ -2023,23 +2045,6 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgrap
  * serves only those graphs' executable graphs. */
 static int gm_has_nodes(const struct CUgraph_st *g) { return g->allocs.n > 0 || g->frees.n > 0; }
 
-/* Appends n kernels of ns to g's sequence. */
-static CUresult graph_append(struct CUgraph_st *g, const uint64_t *ns, int n) {
-    if (g->n + n > g->cap) {
-        int cap = g->cap ? g->cap : 16;
-        while (cap < g->n + n)
-            cap *= 2;
-        uint64_t *grown = realloc(g->ns, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        g->ns = grown;
-        g->cap = cap;
-    }
-    if (n)
-        memcpy(g->ns + g->n, ns, (size_t)n * sizeof *ns);
-    g->n += n;
-    return CUDA_SUCCESS;
-}
 
 /* cuGraphClone: "creates a copy of originalGraph ... All parameters are copied into the cloned graph. The original
  * graph may be modified after this call without affecting the clone." */
@@ -2050,7 +2055,7 @@ EXPORT CUresult cuGraphClone(CUgraph *pg, CUgraph orig) {
     CUgraph c = calloc(1, sizeof *c);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (graph_append(c, orig->ns, orig->n) != CUDA_SUCCESS) {
+    if (graph_append(c, orig->nodes, orig->n) != CUDA_SUCCESS) {
         free(c);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -2067,13 +2072,13 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUg
     CHECK_INIT();
     if (!node || !g || !child || gm_has_nodes(child))
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t *ns = malloc((size_t)(child->n ? child->n : 1) * sizeof *ns); /* child may be g itself */
-    if (!ns)
+    struct gnode *nodes = malloc((size_t)(child->n ? child->n : 1) * sizeof *nodes); /* child may be g itself */
+    if (!nodes)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (child->n)
-        memcpy(ns, child->ns, (size_t)child->n * sizeof *ns);
-    CUresult r = graph_append(g, ns, child->n);
-    free(ns);
+        memcpy(nodes, child->nodes, (size_t)child->n * sizeof *nodes);
+    CUresult r = graph_append(g, nodes, child->n);
+    free(nodes);
     if (r == CUDA_SUCCESS)
         *node = (CUgraphNode)(uintptr_t)(g->n + 1);
     return r;
@@ -2131,7 +2136,10 @@ EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return graph_upl
  * cudaGraphUpload"): an executable graph updated while mapped keeps its mapping until its next upload or launch
  * maps the new sizes (a trim may unmap it before). CUDA documents nothing for an update while allocations of the
  * executable graph's previous launch are live: the fake refuses it (CU_GRAPH_EXEC_UPDATE_ERROR) rather than guess
- * whose allocations they become. */
+ * whose allocations they become. A node that runs the collective is a kernel node as a spin's is: the update's
+ * limitations for kernel nodes (owning context, dynamic parallelism, device-side graph launch, cooperativeness)
+ * leave the function free to change (CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED is for drivers before 11.2), so an update may turn a spin node into the collective or back, and the counts
+ * compared by kind are kernel nodes and allocation nodes. */
 static CUgraphExecUpdateResult gm_update(CUgraphExec e, CUgraph g) {
     if (!gm_has_nodes(g))
         return CU_GRAPH_EXEC_UPDATE_SUCCESS; /* nor has e: the counts matched */
@@ -2176,7 +2184,7 @@ static CUresult exec_update(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInf
     else if (e && g && (e->n != g->n || e->allocs.n != g->allocs.n))
         out.result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
     else if (e && g && (out.result = gm_update(e, g)) == CU_GRAPH_EXEC_UPDATE_SUCCESS && g->n)
-        memcpy(e->ns, g->ns, (size_t)g->n * sizeof *e->ns); /* the kernels' parameters */
+        memcpy(e->nodes, g->nodes, (size_t)g->n * sizeof *e->nodes); /* the kernels and their parameters */
     if (info)
         *info = out;
     return out.result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;

@@ -4,17 +4,19 @@
  * A gang's turn ends at one deadline on all its GPUs, but each rank sees it at its own next launch. One rank may
  * launch a collective just before the deadline while a peer reaches its gate just after: the first collective
  * then waits for the peer's, spinning and holding its GPU, until the gang's next turn, a round later. So every
- * process of the instance counts, per GPU, the collective kernels it has launched (launch.c says which are), on a
- * board in shared memory beside the deadline of the turn it holds. The first rank to take its slow path past a
- * turn's deadline fixes the turn's *stop*: the most collectives a rank still holding that turn (a slot with the
- * same deadline) has launched. Past the deadline a rank one collective short of the stop still launches, up to and
- * including that collective (it catches up with the collective its peers wait in), for 100 ms at most; then it
- * stops. A collective is counted before its rank reads its deadline, so a rank that launched one in time is
+ * process of the instance counts, per GPU, the collective kernels it has launched (launch.c says which are; a CUDA
+ * graph's replay counts the collectives captured into it, graphcoll.c, as launched at once), on a board in shared
+ * memory beside the deadline of the turn it holds. The first rank to take its slow path past a turn's deadline
+ * fixes the turn's *stop*: the most collectives a rank still holding that turn (a slot with the same deadline) has
+ * launched. Past the deadline a rank still launches what leads up to the stop's collective and the launch that
+ * holds it (one collective short of it; a replay of n collectives, from up to n short), so that it catches up with
+ * the collective its peers wait in, for 100 ms at most; then it stops. A collective is counted before its rank reads its deadline, so a rank that launched one in time is
  * always seen by the rank that fixes the stop, which read the clock later. A revoked lease does not catch up.
  *
  * The board is /dev/shm/cgpu-board-UID-INSTANCE-HASH (mode 0600, the instance the daemon resolved at
  * registration): one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel:
- * every rank takes part in each). A slot belongs to a process and a GPU position; a dead process's slot is taken over. Where
+ * every rank takes part in each; NCCL requires a captured collective's graph to be replayed by every rank of the
+ * capture). A slot belongs to a process and a GPU position; a dead process's slot is taken over. Where
  * the board cannot be opened, or the driver names no kernel, there is no agreement: a stranded collective waits
  * for the next turn, as without the board.
  *
@@ -217,7 +219,7 @@ void cgpu_board_turn(int pos, int64_t key) {
         atomic_store(&s->key, key);
 }
 
-int cgpu_board_launch(int pos) {
+int cgpu_board_launch(int pos, int n) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
     if (!s) {
         pthread_mutex_lock(&B.mu);
@@ -226,14 +228,14 @@ int cgpu_board_launch(int pos) {
         if (!s)
             return 0;
     }
-    atomic_fetch_add(&s->colls, 1);
-    return 1;
+    atomic_fetch_add(&s->colls, (uint64_t)n);
+    return n;
 }
 
-void cgpu_board_unlaunch(int pos) {
+void cgpu_board_unlaunch(int pos, int n) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
     if (s)
-        atomic_fetch_sub(&s->colls, 1);
+        atomic_fetch_sub(&s->colls, (uint64_t)n);
 }
 
 /* How long before t a stamp's launch was (signed: negative where it was after t). */
@@ -265,12 +267,9 @@ static void credit(struct board_slot *o, int64_t from, int64_t t) {
     }
 }
 
-void cgpu_board_launched(int pos, int64_t t) {
-    struct board_slot *s = atomic_load(&B.mine[pos]);
-    struct board *b = B.b;
-    if (!s || !b)
-        return;
-    uint64_t n = atomic_load(&s->colls);
+/* Collective n of slot s went through its gate at t: stamped, and each peer that launched its n-th earlier credited
+ * its wait since. */
+static void stamp(struct board *b, struct board_slot *s, uint64_t n, int64_t t) {
     atomic_store_explicit(&s->ring[n % BOARD_RING],
                           STAMP_VALID | (n & STAMP_NMASK) << STAMP_TBITS | ((uint64_t)t & STAMP_TMASK),
                           memory_order_release);
@@ -281,6 +280,19 @@ void cgpu_board_launched(int pos, int64_t t) {
         if (o != s && atomic_load(&o->pid) && (at = launched_at(o, n, t)))
             credit(o, at, t);
     }
+}
+
+void cgpu_board_launched(int pos, int64_t t, int n) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    struct board *b = B.b;
+    if (!s || !b || n <= 0)
+        return;
+    /* a graph's n collectives are launched together: each is stamped (the last BOARD_RING of them, what the ring
+     * holds), in order, so that a peer's same collective is credited its wait from its own launch */
+    uint64_t last = atomic_load(&s->colls);
+    uint64_t k = (uint64_t)n < BOARD_RING ? (uint64_t)n : BOARD_RING;
+    for (uint64_t c = last - k + 1; c <= last; c++)
+        stamp(b, s, c, t);
 }
 
 uint64_t cgpu_board_spin_take(int pos) {
@@ -315,15 +327,15 @@ int cgpu_board_may_finish(int pos, int coll) {
     if (!s || !key || cgpu_now() > key + CATCH_UP_NS)
         return 0; /* no collective of this process on this GPU, no turn held, or caught up long enough */
     struct board *b = B.b;
-    uint64_t launched = atomic_load(&s->colls) - (coll ? 1 : 0);
+    uint64_t launched = atomic_load(&s->colls) - (uint64_t)coll;
     if (!lock(b))
         return 0;
     uint64_t stop = stop_of(b, s, key, launched);
     pthread_mutex_unlock(&b->mu);
-    /* only the collective the stop is, and what leads to it: a rank further behind has counts that no longer
-     * correspond to its peers' (a restarted rank, two jobs in one instance, pipeline stages), and catching up
-     * would launch collectives nobody meets */
-    return stop == launched + 1;
+    /* only the launch that holds the stop's collective, and what leads to it: a rank further behind has counts that
+     * no longer correspond to its peers' (a restarted rank, two jobs in one instance, pipeline stages), and
+     * catching up would launch collectives nobody meets */
+    return cgpu_board_holds_stop(launched, coll, stop);
 }
 
 void cgpu_board_after_fork(void) {

@@ -17,7 +17,7 @@ from pathlib import Path
 from libcgpu_client.native import HERE, shim_path
 
 SHIM_SOURCES = ("mp.c", "env.c", "log.c", "conn.c", "board.c", "gates.c", "resolve.c", "launch.c", "memory.c",
-                "pools.c", "context.c", "capture.c", "preload.c", "graphmem.c")
+                "pools.c", "context.c", "capture.c", "preload.c", "graphmem.c", "graphcoll.c")
 WARNINGS = ["-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Werror"]
 ASAN = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 

@@ -72,14 +72,17 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNo
 }
 
 /* The capture is over once the stream captures no more, whether it ended valid or invalidated (an end from the
- * wrong thread leaves it open). An invalidated capture's graph is gone: graphmem.c forgets its memory nodes. */
+ * wrong thread leaves it open). An invalidated capture's graph is gone: graphmem.c forgets its memory nodes,
+ * graphcoll.c its collectives. */
 #define END(call)                                                      \
     do {                                                               \
         int was_ = cgpu_stream_capturing(s);                           \
         CUgraph into_ = was_ ? cgpu_graph_mem_capture_graph(s) : NULL; \
         CUresult r_ = call;                                            \
-        if (r_ != CUDA_SUCCESS && into_)                               \
+        if (r_ != CUDA_SUCCESS && into_) {                             \
             cgpu_graph_mem_forget(into_);                              \
+            cgpu_graph_coll_graph_gone(into_);                         \
+        }                                                              \
         if (was_ && !cgpu_stream_capturing(s)) {                       \
             pthread_mutex_lock(&mu);                                   \
             if (open_captures > 0)                                     \

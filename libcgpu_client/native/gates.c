@@ -72,7 +72,7 @@ int cgpu_gate_slow(cgpu_gate *g, int coll) {
         int connected = cgpu_conn_connected();
         if (cgpu_conn_refused()) {
             if (coll)
-                cgpu_board_unlaunch(g->pos);
+                cgpu_board_unlaunch(g->pos, coll);
             pthread_mutex_unlock(&g->mu);
             return -1;
         }
@@ -97,14 +97,14 @@ int cgpu_gate_slow(cgpu_gate *g, int coll) {
             }
         }
         if (coll) /* not launched in this turn: counted again when it is */
-            cgpu_board_unlaunch(g->pos);
+            cgpu_board_unlaunch(g->pos, coll);
         struct timespec ts;
         cgpu_deadline_in(&ts, 200 * 1000000LL);
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         if (!g->ctx || g->lease == 0)
             g->ctx = dev.current();
         if (coll)
-            coll = cgpu_board_launch(g->pos);
+            coll = cgpu_board_launch(g->pos, coll);
     }
 }
 

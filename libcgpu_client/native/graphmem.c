@@ -260,8 +260,10 @@ CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) {
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags) {
     REAL_OR_FAIL(cuGraphInstantiateWithFlags);
     CUresult r = real(pe, g, flags);
-    if (r == CUDA_SUCCESS && cgpu_env_ok && pe)
+    if (r == CUDA_SUCCESS && cgpu_env_ok && pe) {
         instantiated(*pe, g);
+        cgpu_graph_coll_exec_from(*pe, g);
+    }
     return r;
 }
 
@@ -272,8 +274,10 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long l
         REAL_OR_FAIL(name);                                                                              \
         if (!cgpu_env_ok || !pe || !params || !(params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) {   \
             CUresult r_ = real(pe, g, params);                                                           \
-            if (r_ == CUDA_SUCCESS && cgpu_env_ok && pe)                                                 \
+            if (r_ == CUDA_SUCCESS && cgpu_env_ok && pe) {                                               \
                 instantiated(*pe, g);                                                                    \
+                cgpu_graph_coll_exec_from(*pe, g);                                                       \
+            }                                                                                            \
             return r_;                                                                                   \
         }                                                                                                \
         pthread_mutex_lock(&mu);                                                                         \
@@ -288,6 +292,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long l
         pthread_mutex_unlock(&mu);                                                                       \
         if (r_ == CUDA_SUCCESS) {                                                                        \
             instantiated(*pe, g);                                                                        \
+            cgpu_graph_coll_exec_from(*pe, g);                                                           \
             pthread_mutex_lock(&mu);                                                                     \
             gm_exec *er_ = exec_rec(*pe);                                                                \
             if (er_)                                                                                     \
@@ -321,6 +326,7 @@ CUresult cuGraphExecDestroy(CUgraphExec e) {
     CUresult r = real(e);
     if (r != CUDA_SUCCESS || !cgpu_env_ok)
         return r;
+    cgpu_graph_coll_exec_gone(e);
     pthread_mutex_lock(&mu);
     gm_exec **pp = &execs;
     while (*pp && (*pp)->e != e)
@@ -340,8 +346,10 @@ CUresult cuGraphExecDestroy(CUgraphExec e) {
 CUresult cuGraphDestroy(CUgraph g) {
     REAL_OR_FAIL(cuGraphDestroy);
     CUresult r = real(g);
-    if (r == CUDA_SUCCESS && cgpu_env_ok)
+    if (r == CUDA_SUCCESS && cgpu_env_ok) {
         cgpu_graph_mem_forget(g);
+        cgpu_graph_coll_graph_gone(g);
+    }
     return r;
 }
 
@@ -381,11 +389,18 @@ static void updated(CUgraphExec e, CUgraph g, const int64_t *used_before) {
     r->mapped = 0;
 }
 
+/* After an update of e with g: e holds g's collectives from now on (graphcoll.c). */
+static CUresult update_done(CUgraphExec e, CUgraph g, CUresult r) {
+    if (r == CUDA_SUCCESS && cgpu_env_ok)
+        cgpu_graph_coll_exec_from(e, g);
+    return r;
+}
+
 /* An update of e with g, made with call, under mu (it may change what e maps). */
 #define UPDATE(e, g, call)                                                      \
     do {                                                                        \
         if (!cgpu_env_ok || !atomic_load_explicit(&seen, memory_order_relaxed)) \
-            return call;                                                        \
+            return update_done(e, g, call);                                     \
         int64_t used_[CGPU_MAX_GPUS];                                           \
         pthread_mutex_lock(&mu);                                                \
         pool_used(used_);                                                       \
@@ -393,7 +408,7 @@ static void updated(CUgraphExec e, CUgraph g, const int64_t *used_before) {
         if (res_ == CUDA_SUCCESS)                                               \
             updated(e, g, used_);                                               \
         pthread_mutex_unlock(&mu);                                              \
-        return res_;                                                            \
+        return update_done(e, g, res_);                                         \
     } while (0)
 
 CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info) {

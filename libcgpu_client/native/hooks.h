@@ -37,7 +37,13 @@ enum { LIB_CUDA, LIB_NVML };
     X(nvmlDeviceGetMemoryInfo_v2, "", 0, 0, 0, LIB_NVML)                        \
     MEMORY_HOOKS(X)                                                             \
     GRAPH_MEMORY_HOOKS(X)                                                       \
+    GRAPH_COLLECTIVE_HOOKS(X)                                                   \
     CAPTURE_HOOKS(X)
+
+/* Graphs built from graphs (graphcoll.c): the collectives they hold. */
+#define GRAPH_COLLECTIVE_HOOKS(X)                                                                  \
+    X(cuGraphClone, "cuGraphClone", 0, 1 << 30, 0, LIB_CUDA)                                       \
+    X(cuGraphAddChildGraphNode, "cuGraphAddChildGraphNode", 0, 1 << 30, 0, LIB_CUDA)
 
 /* Stream captures (capture.c): the shim's syncs wait until none is open. */
 #define CAPTURE_HOOKS(X)                                                                             \
@@ -171,6 +177,8 @@ typedef CUresult(graph_exec_destroy_t)(CUgraphExec);
 typedef CUresult(exec_update1_t)(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
 typedef CUresult(exec_update_t)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
 typedef CUresult(graph_destroy_t)(CUgraph);
+typedef CUresult(graph_clone_t)(CUgraph *, CUgraph);
+typedef CUresult(add_child_node_t)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
 typedef CUresult(pool_import_t)(CUmemoryPool *, void *, CUmemAllocationHandleType, unsigned long long);
 
 EXPORT init_t cuInit;
@@ -224,9 +232,19 @@ EXPORT graph_exec_destroy_t cuGraphExecDestroy;
 EXPORT exec_update1_t cuGraphExecUpdate;
 EXPORT exec_update_t cuGraphExecUpdate_v2;
 EXPORT graph_destroy_t cuGraphDestroy;
+EXPORT graph_clone_t cuGraphClone;
+EXPORT add_child_node_t cuGraphAddChildGraphNode;
 EXPORT pool_import_t cuMemPoolImportFromShareableHandle;
 /* graphmem.c: cuGraphLaunch's call of the real launch, with the graph memory pool's mapping charged first. */
 CGPU_HIDDEN CUresult cgpu_graph_mem_launch(CUgraphExec e, CUstream s, graph_launch_t *real);
+/* graphcoll.c: the collectives each graph holds. n collectives were captured on stream s (into its capture graph);
+ * how many a launch of e holds; e runs g's nodes from now (instantiated from g, or updated with it); e or g is
+ * destroyed (or g's capture failed). */
+CGPU_HIDDEN void cgpu_graph_coll_captured(CUstream s, int n);
+CGPU_HIDDEN int cgpu_graph_coll_of(CUgraphExec e);
+CGPU_HIDDEN void cgpu_graph_coll_exec_from(CUgraphExec e, CUgraph g);
+CGPU_HIDDEN void cgpu_graph_coll_exec_gone(CUgraphExec e);
+CGPU_HIDDEN void cgpu_graph_coll_graph_gone(CUgraph g);
 
 /* The driver functions the shim only calls (HELPERS): declared for their types, never defined here. */
 CUresult cuCtxGetCurrent(CUcontext *);

@@ -4,7 +4,9 @@
  * Launches recorded into a graph by stream capture are not gated; the graph's launch is.
  * A kernel launch that is a collective (its name contains a part of CGPU_COLLECTIVE_KERNELS) is counted on
  * the board (board.c) before its gate, so that a job's ranks end a gang turn at the same collective, and stamped
- * there once through it, so that the board can tell how long a peer's same collective waited for it. */
+ * there once through it, so that the board can tell how long a peer's same collective waited for it. A collective
+ * launched into a capturing stream is counted for the graph instead (graphcoll.c), and a launch of an executable
+ * graph counts the n collectives captured into it, as n launched at once. */
 #define _GNU_SOURCE
 #include <string.h>
 
@@ -38,7 +40,8 @@ static int classify(CUfunction f) {
 #define KINDS 1024
 static _Atomic uintptr_t kinds[KINDS];
 
-static int collective(CUfunction f, CUstream stream) {
+/* 1 when f is a collective (its launch holds one), else 0. */
+static int collective(CUfunction f) {
     if (!f || !cgpu_cfg.ncoll)
         return 0;
     uintptr_t h = (uintptr_t)f;
@@ -59,58 +62,67 @@ static int collective(CUfunction f, CUstream stream) {
                 break;
         }
     }
-    return kind == 1 && !cgpu_stream_capturing(stream);
+    return kind == 1;
 }
 
-#define GATED(stream, coll, call)                                         \
+/* A launch holding ncoll collectives: counted on the board, or, on a capturing stream, for the capture's graph once
+ * the driver took the launch (nothing runs then: the graph's launches count them). */
+#define GATED(stream, ncoll, call)                                                                         \
     do {                                                                  \
         int pos_ = cgpu_env_ok ? cgpu_current_pos() : -1;                 \
         if (pos_ < 0)                                                     \
             return call;                                                  \
         cgpu_gate *g_ = &cgpu_gates[pos_];                                \
-        int coll_ = (coll) && cgpu_board_launch(pos_);                    \
+        int n_ = (ncoll), captured_ = 0;                                  \
+        if (n_ > 0 && cgpu_stream_capturing(stream)) {                    \
+            captured_ = n_;                                               \
+            n_ = 0;                                                       \
+        }                                                                 \
+        int coll_ = n_ > 0 ? cgpu_board_launch(pos_, n_) : 0;             \
         int counted_ = cgpu_gate_enter(g_) ? 1 : slow(g_, stream, coll_); \
         if (counted_ < 0)                                                 \
             return CGPU_REFUSED_ERROR;                                    \
         if (coll_) /* the gate's own clock read: when it let it through */ \
             cgpu_board_launched(pos_, counted_ ? atomic_load_explicit(&g_->last_use, memory_order_relaxed) \
-                                               : cgpu_now());             \
+                                               : cgpu_now(), coll_);      \
         CUresult r_ = call;                                               \
         if (counted_ > 0)                                                 \
             cgpu_gate_leave(g_);                                          \
+        if (captured_ && r_ == CUDA_SUCCESS)                              \
+            cgpu_graph_coll_captured(stream, captured_);                  \
         return r_;                                                        \
     } while (0)
 
-#define LAUNCH_KERNEL(name)                                                                               \
+#define LAUNCH_KERNEL(name)                                                                                \
     CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
-                  unsigned shmem, CUstream s, void **params, void **extra) {                              \
-        REAL_OR_FAIL(name);                                                                               \
-        GATED(s, collective(f, s), real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));                               \
+                  unsigned shmem, CUstream s, void **params, void **extra) {                               \
+        REAL_OR_FAIL(name);                                                                                \
+        GATED(s, collective(f), real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));                 \
     }
 LAUNCH_KERNEL(cuLaunchKernel)
 LAUNCH_KERNEL(cuLaunchKernel_ptsz)
 
 #define LAUNCH_EX(name)                                                                   \
     CUresult name(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) { \
-        REAL_OR_FAIL(name);                                                               \
-        GATED(cfg ? cfg->hStream : NULL, collective(f, cfg ? cfg->hStream : NULL), real(cfg, f, params, extra));                    \
+        REAL_OR_FAIL(name); \
+        GATED(cfg ? cfg->hStream : NULL, collective(f), real(cfg, f, params, extra)); \
     }
 LAUNCH_EX(cuLaunchKernelEx)
 LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
-#define LAUNCH_COOP(name)                                                                                 \
+#define LAUNCH_COOP(name)                                                                                  \
     CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
-                  unsigned shmem, CUstream s, void **params) {                                            \
-        REAL_OR_FAIL(name);                                                                               \
-        GATED(s, collective(f, s), real(f, gx, gy, gz, bx, by, bz, shmem, s, params));                                      \
+                  unsigned shmem, CUstream s, void **params) {                                             \
+        REAL_OR_FAIL(name);                                                                                \
+        GATED(s, collective(f), real(f, gx, gy, gz, bx, by, bz, shmem, s, params));                        \
     }
 LAUNCH_COOP(cuLaunchCooperativeKernel)
 LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
 
-#define GRAPH_LAUNCH(name)                                \
-    CUresult name(CUgraphExec exec, CUstream s) {         \
-        REAL_OR_FAIL(name);                               \
-        GATED(s, 0, cgpu_graph_mem_launch(exec, s, real));   \
+#define GRAPH_LAUNCH(name)                                                                                  \
+    CUresult name(CUgraphExec exec, CUstream s) {                                                           \
+        REAL_OR_FAIL(name);                                                                                 \
+        GATED(s, cgpu_graph_coll_of(exec), cgpu_graph_mem_launch(exec, s, real));                           \
     }
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)

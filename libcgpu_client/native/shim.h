@@ -48,18 +48,24 @@ CGPU_HIDDEN void cgpu_captures_after_fork(void);
 /* ---------------------------------------------------------------- board.c */
 /* Where a gang turn stops: each process's collectives per GPU, beside the turn (deadline) it holds. */
 CGPU_HIDDEN void cgpu_board_turn(int pos, int64_t key); /* the turn held on GPU pos (its deadline); 0: none */
-/* A collective is about to be launched (before its gate): 1 when counted (then, if it is not launched,
- * cgpu_board_unlaunch). */
-CGPU_HIDDEN int cgpu_board_launch(int pos);
-CGPU_HIDDEN void cgpu_board_unlaunch(int pos);
-/* The counted collective went through GPU pos's gate at t (the gate's clock read): its launch is stamped, and
- * the peers that launched the same collective earlier are credited their wait for it as spin. */
-CGPU_HIDDEN void cgpu_board_launched(int pos, int64_t t);
+/* A launch holding n >= 1 collectives (a kernel, or a graph's replay) is about to be made (before its gate): n when
+ * counted, 0 when not (then, if it is not launched, cgpu_board_unlaunch(pos, n)). */
+CGPU_HIDDEN int cgpu_board_launch(int pos, int n);
+CGPU_HIDDEN void cgpu_board_unlaunch(int pos, int n);
+/* The counted launch of n collectives went through GPU pos's gate at t (the gate's clock read): each of them is
+ * stamped, and the peers that launched the same collectives earlier are credited their wait for them as spin. */
+CGPU_HIDDEN void cgpu_board_launched(int pos, int64_t t, int n);
 /* The spin counted for this process on GPU pos since the last call (ns), reset. */
 CGPU_HIDDEN uint64_t cgpu_board_spin_take(int pos);
-/* Past the turn's end with its lease held: 1 while this process is one collective short of the turn's stop on GPU
- * pos (coll: the launch is that collective, counted), so the launch goes on. */
+/* Past the turn's end with its lease held: 1 while the launch holds the turn's stop on GPU pos, or leads to it
+ * (coll: the collectives it holds, counted; cgpu_board_holds_stop), so the launch goes on. */
 CGPU_HIDDEN int cgpu_board_may_finish(int pos, int coll);
+/* The catch-up rule: a launch of n collectives made after `launched` of them goes on past the deadline when it holds
+ * the stop-th (launched < stop <= launched + n); one of none (a kernel that is no collective) when the next
+ * collective is the stop. For n = 1: stop == launched + 1. */
+static inline int cgpu_board_holds_stop(uint64_t launched, int n, uint64_t stop) {
+    return launched < stop && stop <= launched + (uint64_t)(n > 0 ? n : 1);
+}
 CGPU_HIDDEN void cgpu_board_after_fork(void);
 
 /* ----------------------------------------------------------------- conn.c */
@@ -140,8 +146,9 @@ static inline int cgpu_gate_enter(cgpu_gate *g) {
 static inline void cgpu_gate_leave(cgpu_gate *g) { atomic_fetch_sub(&g->inflight, 1); }
 
 /* Slow path: waits for a lease. 1: inflight counted; 0: run unchecked (daemon gone, on_loss=run);
- * -1: fail the call with CGPU_REFUSED_ERROR (the daemon refused this process). coll: the launch is a
- * collective, counted on the board (cgpu_board_launch) before the fast path. */
+ * -1: fail the call with CGPU_REFUSED_ERROR (the daemon refused this process). coll: the collectives the launch
+ * holds (a kernel's 1, a graph's replay its captured ones), counted on the board (cgpu_board_launch) before the
+ * fast path; 0: none. */
 CGPU_HIDDEN int cgpu_gate_slow(cgpu_gate *g, int coll);
 
 /* Memory against the instance's ledger. reserve: 1 granted, 0 denied, -1 unchecked (no daemon),

@@ -1,6 +1,8 @@
 """The fake driver's collective kernel (cgpu_testing/native/fakecoll.c): like a NCCL kernel it cannot finish until
 the same step has started on every peer GPU, and it spins on its own GPU meanwhile; one process per GPU here, as
-torchrun starts them. Run plain and under AddressSanitizer."""
+torchrun starts them. Each rank launches its steps one kernel at a time or replays them as a CUDA graph captured
+with the collective inside (NCCL User Guide, "Using NCCL with CUDA Graphs"), and the two meet alike. Run plain and
+under AddressSanitizer."""
 
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ from tests.native.conftest import Native
 SLOT = struct.Struct("5Q")  # started, spin_ns, count, work_ns, max_spin_ns per physical device
 
 
-def _rank(n: Native, gpu: int, tag: str) -> subprocess.Popen[str]:
+def _rank(n: Native, gpu: int, tag: str, api: str) -> subprocess.Popen[str]:
     env = n.env(None, CGPU_DISABLE="1", FAKECUDA_DEVICES="2", CUDA_VISIBLE_DEVICES=str(gpu),
                 FAKECUDA_COLLECTIVE=f"{tag}:0,1")
-    p = subprocess.Popen([str(n.job_direct), "collective", "serve=0.5,4"], env=env, stdin=subprocess.PIPE,
+    p = subprocess.Popen([str(n.job_direct), "--api", api, "collective", "serve=0.5,4"], env=env, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None
     assert p.stdout.readline().startswith("collective")
@@ -41,12 +43,14 @@ def _steps(p: subprocess.Popen[str], path: Path) -> int:
     return len(json.loads(path.read_text())["ends"])
 
 
+@pytest.mark.parametrize("apis", [("launch", "launch"), ("graph", "graph"), ("graph", "launch")],
+                         ids=["kernels", "graphs", "graph-and-kernels"])
 @pytest.mark.parametrize("asan", [False, True], ids=["plain", "asan"])
 def test_a_collective_waits_for_its_peer_and_spins_meanwhile(native: Native, native_asan: Native, tmp_path: Path,
-                                                              asan: bool) -> None:
+                                                              asan: bool, apis: tuple[str, str]) -> None:
     n = native_asan if asan else native
-    tag = f"t{os.getpid()}{int(asan)}"
-    ranks = [_rank(n, g, tag) for g in (0, 1)]
+    tag = f"t{os.getpid()}{int(asan)}{apis[0][0]}{apis[1][0]}"
+    ranks = [_rank(n, g, tag, apis[g]) for g in (0, 1)]
     try:
         _say(ranks[0], "run")
         time.sleep(0.4)

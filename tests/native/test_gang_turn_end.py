@@ -25,12 +25,15 @@ STRAND_MS = 40  # a strand waits for the gang's next turn: A's or B's turn, 80 m
 
 
 class Job:
-    def __init__(self, n: Native, d: DaemonProc, tag: str, counting: str) -> None:
+    """J's ranks beside A on GPU 0 and B on GPU 1; ``opts``: cuda_job's options for J's ranks (how a step is
+    launched: ``--api graph`` replays it as a CUDA graph)."""
+
+    def __init__(self, n: Native, d: DaemonProc, tag: str, counting: str, opts: tuple[str, ...] = ()) -> None:
         self.tag = tag
         self.procs: list[subprocess.Popen[str]] = []
         coll = {"FAKECUDA_COLLECTIVE": f"{tag}:0,1", "CGPU_COLLECTIVE_KERNELS": counting}
-        self._start(n, d, f"J{tag}", 0, ["collective", "serve=0.5,4"], coll)
-        self._start(n, d, f"J{tag}", 1, ["collective", "serve=0.5,4,1"], coll)
+        self._start(n, d, f"J{tag}", 0, [*opts, "collective", "serve=0.5,4"], coll)
+        self._start(n, d, f"J{tag}", 1, [*opts, "collective", "serve=0.5,4,1"], coll)
         self._start(n, d, f"A{tag}", 0, ["serve=0.5,4"], {})
         self._start(n, d, f"B{tag}", 1, ["serve=0.5,4"], {})
         for p in self.procs:
