@@ -600,6 +600,17 @@ class GangBook:
         self._leases[id(lease)] = gang
         return effects
 
+    def granted(self, gpu: int, now: int) -> None:
+        """A lease was granted on ``gpu`` (to anyone): it is not idle for a gang; and where a gang armed over it
+        waits, its other GPUs look again: one that found this GPU free an instant ago (a high-priority instance
+        about to take it) idled for a gang that could start at once, and its fence is where this lease ends."""
+        self._busy_end(gpu, now)
+        for gang in self._on.get(gpu, ()):
+            if gang.armed:
+                for g in gang.gpus:
+                    if g != gpu:
+                        self._kick.setdefault(g, now)
+
     def _idle(self, gpu: int, now: int) -> None:
         st = self.stats[gpu]
         if st.idle_since is None:
@@ -747,7 +758,7 @@ class GangView(GangHooks):
         return self.book.due(self.gpu, now)
 
     def granted(self, now: int) -> None:
-        self.book._busy_end(self.gpu, now)
+        self.book.granted(self.gpu, now)
 
     def wakeup(self) -> int | None:
         return self.book.wakeup(self.gpu)
