@@ -1855,6 +1855,16 @@ static int gm_live_of(const struct CUgraphExec_st *e) {
 }
 
 /* Under gm_mu: forget e for good (unmapped, references dropped). */
+/* e lets go of its allocation and free nodes (their lists freed; a node no graph or exec holds is gone). */
+static void gm_exec_drop_nodes(struct CUgraphExec_st *e) {
+    for (int k = 0; k < e->allocs.n; k++)
+        gm_unref(e->allocs.v[k]);
+    for (int k = 0; k < e->frees.n; k++)
+        gm_unref(e->frees.v[k]);
+    free(e->allocs.v);
+    free(e->frees.v);
+}
+
 static void gm_exec_free(struct CUgraphExec_st *e) {
     gm_unmap(e);
     struct CUgraphExec_st **pp = &gm_execs;
@@ -1862,12 +1872,7 @@ static void gm_exec_free(struct CUgraphExec_st *e) {
         pp = &(*pp)->next;
     if (*pp)
         *pp = e->next;
-    for (int k = 0; k < e->allocs.n; k++)
-        gm_unref(e->allocs.v[k]);
-    for (int k = 0; k < e->frees.n; k++)
-        gm_unref(e->frees.v[k]);
-    free(e->allocs.v);
-    free(e->frees.v);
+    gm_exec_drop_nodes(e);
 }
 
 /* Under gm_mu: allocation a is freed (its lifetime ends); a destroyed executable graph goes with its last. */
@@ -2155,12 +2160,7 @@ static CUgraphExecUpdateResult gm_update(CUgraphExec e, CUgraph g) {
             allocs.v[k]->refs++;
         for (int k = 0; k < frees.n; k++)
             frees.v[k]->refs++;
-        for (int k = 0; k < e->allocs.n; k++)
-            gm_unref(e->allocs.v[k]);
-        for (int k = 0; k < e->frees.n; k++)
-            gm_unref(e->frees.v[k]);
-        free(e->allocs.v);
-        free(e->frees.v);
+        gm_exec_drop_nodes(e);
         e->allocs = allocs;
         e->frees = frees;
         if (e->from)

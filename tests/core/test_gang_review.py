@@ -22,23 +22,36 @@ def _first_grant_wait(arrive_ns: int) -> int | None:
     """J (a gang on GPUs 0 and 1), A alone on GPU 0, B (weight 3) alone on GPU 1, policy 4, 10 ms slices; C (weight
     1, registered on GPU 0 from the start) starts to work at ``arrive_ns``: how long C waits for its first lease
     (None: not in 300 ms)."""
+    d = _j_beside_a_and_b()
+    d.add("C", 0)
+    d.run(arrive_ns)
+    d.client("C", 0, 5)
+    return _grant_wait(d, "C")
+
+
+def _j_beside_a_and_b() -> GangDriver:
+    """J (a gang on GPUs 0 and 1), A alone on GPU 0, B (weight 3) alone on GPU 1, policy 4, 10 ms slices, each
+    working from the start."""
     d = GangDriver({0: 4, 1: 4})
     for g in (0, 1):
         d.add("J", g)
     d.add("A", 0)
     d.add("B", 1, weight=3)
-    d.add("C", 0)
     d.client("J", 0, 1)
     d.client("J", 1, 2)
     d.client("A", 0, 3)
     d.client("B", 1, 4)
-    d.run(arrive_ns)
-    d.client("C", 0, 5)
-    while d.now < arrive_ns + 300 * MS:
+    return d
+
+
+def _grant_wait(d: GangDriver, name: str) -> int | None:
+    """How long from now until ``name`` holds GPU 0 (None: not in 300 ms)."""
+    t0 = d.now
+    while d.now < t0 + 300 * MS:
         d.run(d.now + MS // 10)
         lease = d.scheds[0].rq.lease
-        if lease is not None and lease.inst.name == "C":
-            return d.now - arrive_ns
+        if lease is not None and lease.inst.name == name:
+            return d.now - t0
     return None
 
 
@@ -75,26 +88,12 @@ def _wait_after_dissolution(at_ns: int, write: str) -> int | None:
     """As in :func:`_first_grant_wait` without C: at ``at_ns`` an operator's ``write`` dissolves J's gang; how long
     J's rank on GPU 0, waiting there then, waits for its first lease as GPU 0's own tenant (None: it did not wait
     then, or not granted in 300 ms)."""
-    d = GangDriver({0: 4, 1: 4})
-    for g in (0, 1):
-        d.add("J", g)
-    d.add("A", 0)
-    d.add("B", 1, weight=3)
-    d.client("J", 0, 1)
-    d.client("J", 1, 2)
-    d.client("A", 0, 3)
-    d.client("B", 1, 4)
+    d = _j_beside_a_and_b()
     d.run(at_ns)
     d.apply(DISSOLVING[write](d))  # the gang is gone by the next sync
     if not d.scheds[0].instances["J"].waiters:
         return None
-    t0 = d.now
-    while d.now < t0 + 300 * MS:
-        d.run(d.now + MS // 10)
-        lease = d.scheds[0].rq.lease
-        if lease is not None and lease.inst.name == "J":
-            return d.now - t0
-    return None
+    return _grant_wait(d, "J")
 
 
 @pytest.mark.parametrize("write", list(DISSOLVING))

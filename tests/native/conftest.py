@@ -98,3 +98,15 @@ def at(seconds: float) -> int:
     """CLOCK_MONOTONIC ns ``seconds`` from now (the programs share the host's monotonic clock)."""
     return time.monotonic_ns() + int(seconds * 1e9)
 
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Each process's stderr once it has exited (killed after 20 s), in order."""
+    errs = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        errs.append(err)
+    return errs

@@ -75,8 +75,9 @@ def test_uncounted_graph_collectives_strand_until_the_next_turn(native: Native, 
     """The control: with nothing counted, a replay launched just before a turn's end waits in its collective for the
     gang's next turn (the test above fails so, as it did before graphs were counted); the daemon sees its GPU held
     past the deadline while the peer waits (measured: 86 to 323 ms of collective wait, 0.28 to 1.24 s of spin in
-    3 s)."""
-    seconds = 3.0
+    3 s). Run for 5 s: in 2 of about 14 runs of 3 s beside other native tests no replay stranded at all (the ranks'
+    launches fell on one side of every deadline)."""
+    seconds = 5.0
     longest, spin, _, _ = _run(native, tmp_path, "none", seconds)
     assert max(longest) >= STRAND_MS + 5, (longest, spin)
     assert spin >= 0.050 * seconds, (spin, longest)

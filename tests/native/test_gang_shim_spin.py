@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from cgpu_testing.daemon import DaemonProc
-from tests.native.conftest import Native
+from tests.native.conftest import Native, finish
 
 SLOT = struct.Struct("5Q")  # fakecoll.c: started, spin_ns, count, work_ns, max_spin_ns per physical device
 TIMEOUT_MS = 400  # a collective whose peer never comes (one rank paused first) gives up after this
@@ -52,14 +52,7 @@ def _run(n: Native, tmp_path: Path, lag_ms: int, seconds: float) -> tuple[list[f
         finally:
             for p in procs:
                 _say(p, "quit")
-            errs = []
-            for p in procs:
-                try:
-                    _, err = p.communicate(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    _, err = p.communicate()
-                errs.append(err)
+            errs = finish(procs)
             record.unlink(missing_ok=True)
     for p, err in zip(procs, errs, strict=True):
         assert p.returncode == 0, err

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from cgpu_testing.daemon import DaemonProc
-from tests.native.conftest import Native
+from tests.native.conftest import Native, finish
 
 SLOT = struct.Struct("5Q")  # fakecoll.c: started, spin_ns, count, work_ns, max_spin_ns per physical device
 STRAND_MS = 40  # a strand waits for the gang's next turn: A's or B's turn, 80 ms
@@ -80,14 +80,8 @@ class Job:
 
     def close(self) -> list[str]:
         self.say("quit")
-        errs = []
-        for p in self.procs:
-            try:
-                _, err = p.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            errs.append(err)
+        errs = finish(self.procs)
+        for p, err in zip(self.procs, errs, strict=True):
             assert p.returncode == 0, err
         self.record.unlink(missing_ok=True)
         return errs
