@@ -19,17 +19,17 @@ each GPU's other tenants share the rest by weight (under their limits).
 *Turns.* The gang runs on a credit that grows at its share of wall time and is spent by the time its leases are held
 (as the high-priority class's does). With credit for a turn (its weight's turn on its GPUs) and work waiting on
 every member, the gang is *armed*: each member GPU ends its current turn where that turn's nominal end is (an
-extended lone holder runs on to where the gang can start: a gang does not count as waiting for a GPU's own turns,
-so a lone tenant there holds one lease between its turns); a GPU whose
-turn ends before its peers' gives the gap to its own tenants, in a turn cut to end where the last peer's ends
-(:meth:`GangView.fence`); when every member GPU is free the gang is granted all of them at once, one deadline for
-all. Before it is armed, a turn a member GPU starts that would run on more than half its length past where the gang
-will be armed (:meth:`GangView.due`) ends there: running on, it armed the gang at its start and held the gang's turn
-back to its own end. A turn cut short for a gang goes on first after the gang's turn (policies/vtime.py). A revoke
-of one member's lease (high priority, an operator) revokes the others. Time that nobody else wants on any member GPU
-goes to a gang with work on all of them (spent from its credit like any turn). A member GPU idles only where the
-gang needs it and it has nobody to fill the gap with, or while a peer's holder runs past its deadline: that *aligned
-idle* is counted per GPU. Gangs that share a GPU are armed one at a time, the one owed most per turn first.
+extended lone holder runs on to where the gang can start: a gang does not count as waiting for a GPU's own turns, so
+a lone tenant there holds one lease between its turns); a GPU whose turn ends before its peers' gives the gap to its
+own tenants, in a turn cut to end where the last peer's ends (:meth:`GangView.fence`); when every member GPU is free
+the gang is granted all of them at once, one deadline for all. Before it is armed, a turn a member GPU starts that
+would run on more than half its length past where the gang will be armed (:meth:`GangView.due`) ends there: running
+on, it armed the gang at its start and held the gang's turn back to its own end. A turn cut short for a gang goes on
+first after the gang's turn (policies/vtime.py). A revoke of one member's lease (high priority, an operator) revokes
+the others. Time that nobody else wants on any member GPU goes to a gang with work on all of them (spent from its
+credit like any turn). A member GPU idles only where the gang needs it and it has nobody to fill the gap with, or
+while a peer's holder runs past its deadline: that *aligned idle* is counted per GPU. Gangs that share a GPU are
+armed one at a time, the one owed most per turn first.
 
 *Kicks.* A GPU's scheduler runs only on its own events and wakeups. When a gang dissolves or stops being armed, a
 GPU of it may hold a waiter of the gang that is now its own to serve, or be held free for a turn that will not
@@ -225,11 +225,11 @@ class GangBook:
 
     def changed(self) -> None:
         """Instances, weights, priorities, limits or a policy changed on a GPU: a gang may no longer be one. Every
-        GPU of the book looks again at its next tick (at once), so that a gang an operator's write dissolved is
+        GPU of a gang looks again at its next tick (at once), so that a gang an operator's write dissolved is
         gone then, and its ranks wait as their GPUs' own tenants, not until some event there happens to sync."""
         self._dirty = True
-        if self.gangs:
-            for g in self.members:
+        for gang in self.gangs.values():
+            for g in gang.gpus:
                 self._kick.setdefault(g, self._t)
 
     def removed(self, gpu: int, name: str, now: int) -> None:
@@ -435,14 +435,14 @@ class GangBook:
         (its nominal end kept), so that another instance that comes to wait there, or the gang's own rank once the
         gang dissolves, cuts it back to its turn as before; and it never runs past the end its grant had (a limit's
         ceiling, limits.py)."""
-        extended: list[tuple[int, Lease, int]] = []
+        extended: list[tuple[int, Lease]] = []
         start = now
         for g in gang.gpus:
             lease = self.members[g].rq.lease
             if lease is None or lease.revoked_ns is not None or lease.inst.name == gang.name:
                 continue
             if lease.nominal_ns is not None:
-                extended.append((g, lease, lease.nominal_ns))
+                extended.append((g, lease))
                 start = max(start, lease.nominal_ns)
             else:
                 start = max(start, lease.deadline_ns)
@@ -450,7 +450,7 @@ class GangBook:
             if kept is not None:
                 start = max(start, kept[1])
         effects: list[Effect] = []
-        for g, lease, _ in extended:
+        for g, lease in extended:
             rq = self.members[g].rq
             end = min(start, lease.deadline_ns)
             if now >= end:

@@ -43,8 +43,7 @@ def _run(n: Native, tmp_path: Path, counting: str, seconds: float,
             steps = [job.steps(k, tmp_path / f"r{k}.json") for k in (0, 1)]
         finally:
             errs = job.close()
-        boards = list(Path("/dev/shm").glob(f"cgpu-board-*-J{tag}-*"))
-    return longest, spin, steps, "\n".join(errs) + "".join(f"\nleft: {b}" for b in boards)
+    return longest, spin, steps, errs
 
 
 def _gang_spin(d: DaemonProc, inst: str) -> float:

@@ -78,13 +78,16 @@ class Job:
         self._line(self.procs[which])
         return len(json.loads(path.read_text())["ends"])
 
-    def close(self) -> list[str]:
+    def close(self) -> str:
+        """The processes' stderr once they exited (each with 0), and a line for each board of J left behind (the
+        last rank to exit removes it)."""
         self.say("quit")
         errs = finish(self.procs)
         for p, err in zip(self.procs, errs, strict=True):
             assert p.returncode == 0, err
         self.record.unlink(missing_ok=True)
-        return errs
+        boards = list(Path("/dev/shm").glob(f"cgpu-board-*-J{self.tag}-*"))
+        return "\n".join(errs) + "".join(f"\nleft: {b}" for b in boards)
 
 
 def _run(n: Native, tmp_path: Path, counting: str, seconds: float) -> tuple[list[float], float, list[int], str]:
@@ -103,8 +106,7 @@ def _run(n: Native, tmp_path: Path, counting: str, seconds: float) -> tuple[list
             steps = [job.steps(k, tmp_path / f"r{k}.json") for k in (0, 1)]
         finally:
             errs = job.close()
-        boards = list(Path("/dev/shm").glob(f"cgpu-board-*-J{tag}-*"))
-    return longest, round_ms, steps, "\n".join(errs) + "".join(f"\nleft: {b}" for b in boards)
+    return longest, round_ms, steps, errs
 
 
 def test_ranks_stop_at_the_same_collective(native: Native, tmp_path: Path) -> None:
