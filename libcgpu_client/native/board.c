@@ -29,7 +29,15 @@
  * no earlier than its launch, so this is an upper bound where the rank's queue was backed up. A slot more than
  * BOARD_RING collectives ahead of the peer that launches is not credited for that collective: its stamp of it is
  * gone, and counts that far apart are more likely two jobs' than one's. The process takes its slot's count at
- * each lease release and reports it to arbiterd (spin_ns). */
+ * each lease release and reports it to arbiterd (spin_ns).
+ *
+ * A rank whose peer holding the same turn has launched a collective it has not (up to BOARD_RING ahead) is
+ * *awaited*: the peer's collective waits for this rank's next one. Its client does not give back an idle lease
+ * then (gates.c), until CATCH_UP_NS past the deadline: host work between two steps longer than CGPU_IDLE_MS (a
+ * busy host, a data loader) would otherwise end its part of the turn early, and coming back just after the
+ * deadline it would find the GPU gone to a tenant and no lease to catch up in, with its peer's collective
+ * stranded until the gang's next turn (86 ms of 80 ms turns, on a loaded 2-core host). The daemon keeps that
+ * GPU for the gang until the turn's end anyway, so the held lease takes no tenant's time within the turn. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -293,6 +301,24 @@ void cgpu_board_launched(int pos, int64_t t, int n) {
     uint64_t k = (uint64_t)n < BOARD_RING ? (uint64_t)n : BOARD_RING;
     for (uint64_t c = last - k + 1; c <= last; c++)
         stamp(b, s, c, t);
+}
+
+int cgpu_board_awaited(int pos) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    struct board *b = B.b;
+    int64_t key = atomic_load(&B.key[pos]);
+    if (!s || !b || !key || cgpu_now() > key + CATCH_UP_NS)
+        return 0;
+    uint64_t mine = atomic_load(&s->colls);
+    uint32_t used = atomic_load(&b->used);
+    for (uint32_t i = 0; i < used && i < BOARD_SLOTS; i++) {
+        struct board_slot *o = &b->slot[i];
+        uint64_t n = atomic_load(&o->colls);
+        if (o != s && atomic_load(&o->key) == key && n > mine && n - mine <= BOARD_RING &&
+            alive(atomic_load(&o->pid)))
+            return 1;
+    }
+    return 0;
 }
 
 uint64_t cgpu_board_spin_take(int pos) {

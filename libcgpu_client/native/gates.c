@@ -172,7 +172,8 @@ static const cgpu_events events = {on_grant, on_revoke, on_lost, on_connected, o
 
 /* Gives back leases that are revoked, or unused: no launch for idle_ms, then the work
  * already queued finished, then still no launch for another idle_ms (a program that
- * waits for its kernels and launches again at once keeps its lease). */
+ * waits for its kernels and launches again at once keeps its lease). A lease whose gang
+ * peer waits in a collective for this process's next one is kept (board.c, awaited). */
 static void *idle_main(void *arg) {
     (void)arg;
     int64_t idle_ns = (int64_t)(cgpu_cfg.idle_ms * 1e6);
@@ -191,10 +192,13 @@ static void *idle_main(void *arg) {
                 g->quiet_at = now = cgpu_now();
             }
             if (g->lease) {
-                if (g->revoked || (now - last >= idle_ns && (!g->ctx || (g->quiet_use == last &&
-                                                                      now - g->quiet_at >= idle_ns)))) {
+                int idle = now - last >= idle_ns &&
+                           (!g->ctx || (g->quiet_use == last && now - g->quiet_at >= idle_ns));
+                if (g->revoked || (idle && !cgpu_board_awaited(g->pos))) {
                     end_lease(g, 0);
                     pthread_cond_broadcast(&g->cv);
+                } else if (idle) { /* awaited: looked at again */
+                    wake = now + idle_ns < wake ? now + idle_ns : wake;
                 } else {
                     int64_t due = g->quiet_use == last ? g->quiet_at + idle_ns : last + idle_ns;
                     wake = due < wake ? due : wake;

@@ -60,6 +60,9 @@ CGPU_HIDDEN uint64_t cgpu_board_spin_take(int pos);
 /* Past the turn's end with its lease held: 1 while the launch holds the turn's stop on GPU pos, or leads to it
  * (coll: the collectives it holds, counted; cgpu_board_holds_stop), so the launch goes on. */
 CGPU_HIDDEN int cgpu_board_may_finish(int pos, int coll);
+/* 1 while a peer holding the same turn on the board has launched a collective this process has yet to launch on GPU
+ * pos (up to 100 ms past the turn's deadline): its lease is not given back as idle. */
+CGPU_HIDDEN int cgpu_board_awaited(int pos);
 /* The catch-up rule: a launch of n collectives made after `launched` of them goes on past the deadline when it holds
  * the stop-th (launched < stop <= launched + n); one of none (a kernel that is no collective) when the next
  * collective is the stop. For n = 1: stop == launched + 1. */
