@@ -31,9 +31,12 @@
  * gone, and counts that far apart are more likely two jobs' than one's. The process takes its slot's count at
  * each lease release and reports it to arbiterd (spin_ns).
  *
- * A rank whose peer holding the same turn has launched a collective it has not (up to BOARD_RING ahead) is
- * *awaited*: the peer's collective waits for this rank's next one. Its client does not give back an idle lease
- * then (gates.c), until CATCH_UP_NS past the deadline: host work between two steps longer than CGPU_IDLE_MS (a
+ * Within a turn, a rank's client does not give back an idle lease (gates.c) while a peer holds the same turn and
+ * has launched a collective it has not (up to BOARD_RING ahead: the peer's collective waits for this rank's next
+ * one), or holds it for work of its own: a peer that is itself only keeping its lease for others (*resting*) does
+ * not count, so ranks idle together still give their turn back. Past the deadline it keeps the lease only where it
+ * may still catch up (the farthest peer within a launch like its last one), for CATCH_UP_NS at most, billed to the
+ * gang as time past its deadline. Host work between two steps longer than CGPU_IDLE_MS (a
  * busy host, a data loader) would otherwise end its part of the turn early, and coming back just after the
  * deadline it would find the GPU gone to a tenant and no lease to catch up in, with its peer's collective
  * stranded until the gang's next turn (86 ms of 80 ms turns, on a loaded 2-core host). The daemon keeps that
@@ -50,7 +53,7 @@
 
 #include "shim.h"
 
-#define BOARD_MAGIC 0x63677033u /* "cgp3" */
+#define BOARD_MAGIC 0x63677034u /* "cgp4" */
 #define BOARD_SLOTS 256
 #define BOARD_TURNS 16 /* the stops of the instance's recent turns (a GPU outside the gang has turns of its own) */
 #define LOCK_NS (20 * 1000000LL) /* the longest a rank waits for the board's lock; then it does not catch up */
@@ -68,6 +71,7 @@
 struct board_slot {
     _Atomic int32_t pid; /* 0: free */
     int32_t pos;
+    _Atomic int32_t resting;  /* its lease kept idle for its peers (cgpu_board_keeps): it does not keep theirs */
     _Atomic int64_t key;      /* the deadline of the turn its lease is (0: none held) */
     _Atomic uint64_t colls;   /* collectives launched on the GPU */
     _Atomic uint64_t ring[BOARD_RING]; /* the launch of collective n at n % BOARD_RING (a stamp) */
@@ -94,6 +98,7 @@ static struct {
     int tried;
     struct board_slot *_Atomic mine[CGPU_MAX_GPUS];
     _Atomic int64_t key[CGPU_MAX_GPUS]; /* the deadline of each gate's turn, kept before a slot exists */
+    _Atomic int last_n[CGPU_MAX_GPUS];  /* the collectives of each GPU's last counted launch */
 } B = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* /cgpu-board-UID-NAME-HASH: NAME the instance's first 100 characters, those not [A-Za-z0-9._-] as _, and HASH
@@ -199,6 +204,7 @@ static struct board_slot *slot_of(int pos) {
         int32_t owner = atomic_load(&s->pid);
         if (owner == 0 || !alive(owner)) {
             atomic_store(&s->key, 0);
+            atomic_store(&s->resting, 0);
             atomic_store(&s->colls, 0);
             for (int k = 0; k < BOARD_RING; k++)
                 atomic_store(&s->ring[k], 0);
@@ -223,8 +229,16 @@ static struct board_slot *slot_of(int pos) {
 void cgpu_board_turn(int pos, int64_t key) {
     atomic_store(&B.key[pos], key);
     struct board_slot *s = atomic_load(&B.mine[pos]);
-    if (s)
+    if (s) {
+        atomic_store(&s->resting, 0);
         atomic_store(&s->key, key);
+    }
+}
+
+void cgpu_board_resting(int pos, int on) {
+    struct board_slot *s = atomic_load(&B.mine[pos]);
+    if (s && atomic_load_explicit(&s->resting, memory_order_relaxed) != on)
+        atomic_store(&s->resting, on);
 }
 
 int cgpu_board_launch(int pos, int n) {
@@ -237,6 +251,7 @@ int cgpu_board_launch(int pos, int n) {
             return 0;
     }
     atomic_fetch_add(&s->colls, (uint64_t)n);
+    atomic_store(&B.last_n[pos], n);
     return n;
 }
 
@@ -303,22 +318,34 @@ void cgpu_board_launched(int pos, int64_t t, int n) {
         stamp(b, s, c, t);
 }
 
-int cgpu_board_awaited(int pos) {
+int cgpu_board_keeps(int pos) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
-    struct board *b = B.b;
     int64_t key = atomic_load(&B.key[pos]);
-    if (!s || !b || !key || cgpu_now() > key + CATCH_UP_NS)
+    if (!s || !key)
         return 0;
-    uint64_t mine = atomic_load(&s->colls);
+    struct board *b = B.b; /* set before any slot of it is */
+    int64_t now = cgpu_now();
+    if (now > key + CATCH_UP_NS)
+        return 0;
+    /* the farthest peer holding the turn (up to BOARD_RING ahead: the stop a rank past the deadline fixes), and
+     * whether a peer holds it for work of its own (not resting) */
+    uint64_t mine = atomic_load(&s->colls), far = mine;
+    int working = 0;
     uint32_t used = atomic_load(&b->used);
     for (uint32_t i = 0; i < used && i < BOARD_SLOTS; i++) {
         struct board_slot *o = &b->slot[i];
+        if (o == s || atomic_load(&o->key) != key || !alive(atomic_load(&o->pid)))
+            continue;
         uint64_t n = atomic_load(&o->colls);
-        if (o != s && atomic_load(&o->key) == key && n > mine && n - mine <= BOARD_RING &&
-            alive(atomic_load(&o->pid)))
-            return 1;
+        if (n > far && n - mine <= BOARD_RING)
+            far = n;
+        if (!atomic_load(&o->resting))
+            working = 1;
     }
-    return 0;
+    if (now <= key) /* within the turn: the GPU is the gang's until the deadline anyway */
+        return far > mine || working;
+    /* past it, awaited as far as this rank may still catch up: within one launch like its last one */
+    return far > mine && cgpu_board_holds_stop(mine, atomic_load(&B.last_n[pos]), far);
 }
 
 uint64_t cgpu_board_spin_take(int pos) {
@@ -369,6 +396,7 @@ void cgpu_board_after_fork(void) {
     for (int p = 0; p < CGPU_MAX_GPUS; p++) {
         atomic_store(&B.mine[p], NULL); /* the parent's slots stay the parent's */
         atomic_store(&B.key[p], 0);
+        atomic_store(&B.last_n[p], 0);
     }
 }
 

@@ -172,8 +172,9 @@ static const cgpu_events events = {on_grant, on_revoke, on_lost, on_connected, o
 
 /* Gives back leases that are revoked, or unused: no launch for idle_ms, then the work
  * already queued finished, then still no launch for another idle_ms (a program that
- * waits for its kernels and launches again at once keeps its lease). A lease whose gang
- * peer waits in a collective for this process's next one is kept (board.c, awaited). */
+ * waits for its kernels and launches again at once keeps its lease). A lease of a gang's
+ * turn whose peers still work, or wait in a collective for this process's next one, is
+ * kept (board.c, cgpu_board_keeps). */
 static void *idle_main(void *arg) {
     (void)arg;
     int64_t idle_ns = (int64_t)(cgpu_cfg.idle_ms * 1e6);
@@ -194,12 +195,14 @@ static void *idle_main(void *arg) {
             if (g->lease) {
                 int idle = now - last >= idle_ns &&
                            (!g->ctx || (g->quiet_use == last && now - g->quiet_at >= idle_ns));
-                if (g->revoked || (idle && !cgpu_board_awaited(g->pos))) {
+                if (g->revoked || (idle && !cgpu_board_keeps(g->pos))) {
                     end_lease(g, 0);
                     pthread_cond_broadcast(&g->cv);
-                } else if (idle) { /* awaited: looked at again */
+                } else if (idle) { /* kept for its peers: looked at again */
+                    cgpu_board_resting(g->pos, 1);
                     wake = now + idle_ns < wake ? now + idle_ns : wake;
                 } else {
+                    cgpu_board_resting(g->pos, 0);
                     int64_t due = g->quiet_use == last ? g->quiet_at + idle_ns : last + idle_ns;
                     wake = due < wake ? due : wake;
                 }

@@ -60,9 +60,12 @@ CGPU_HIDDEN uint64_t cgpu_board_spin_take(int pos);
 /* Past the turn's end with its lease held: 1 while the launch holds the turn's stop on GPU pos, or leads to it
  * (coll: the collectives it holds, counted; cgpu_board_holds_stop), so the launch goes on. */
 CGPU_HIDDEN int cgpu_board_may_finish(int pos, int coll);
-/* 1 while a peer holding the same turn on the board has launched a collective this process has yet to launch on GPU
- * pos (up to 100 ms past the turn's deadline): its lease is not given back as idle. */
-CGPU_HIDDEN int cgpu_board_awaited(int pos);
+/* 1 while this process's idle lease on GPU pos is kept for its gang: within the turn, while a peer holding the same
+ * turn on the board has launched a collective this process has yet to launch, or works (is not resting); past the
+ * turn's deadline, while such a peer's collective is one it may still catch up to (100 ms at most). */
+CGPU_HIDDEN int cgpu_board_keeps(int pos);
+/* Whether this process keeps its idle lease on GPU pos for its peers (1) or works there (0); a new turn is 0. */
+CGPU_HIDDEN void cgpu_board_resting(int pos, int on);
 /* The catch-up rule: a launch of n collectives made after `launched` of them goes on past the deadline when it holds
  * the stop-th (launched < stop <= launched + n); one of none (a kernel that is no collective) when the next
  * collective is the stop. For n = 1: stop == launched + 1. */
