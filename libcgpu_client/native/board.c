@@ -10,8 +10,9 @@
  * fixes the turn's *stop*: the most collectives a rank still holding that turn (a slot with the same deadline) has
  * launched. Past the deadline a rank still launches what leads up to the stop's collective and the launch that
  * holds it (one collective short of it; a replay of n collectives, from up to n short), so that it catches up with
- * the collective its peers wait in, for 100 ms at most; then it stops. A collective is counted before its rank reads its deadline, so a rank that launched one in time is
- * always seen by the rank that fixes the stop, which read the clock later. A revoked lease does not catch up.
+ * the collective its peers wait in, for 100 ms at most; then it stops. A collective is counted before its rank
+ * reads its deadline, so a rank that launched one in time is always seen by the rank that fixes the stop, which
+ * read the clock later. A revoked lease does not catch up.
  *
  * The board is /dev/shm/cgpu-board-UID-INSTANCE-HASH (mode 0600, the instance the daemon resolved at
  * registration): one per instance, whose ranks' collectives must correspond one to one (data and tensor parallel:
@@ -318,6 +319,26 @@ void cgpu_board_launched(int pos, int64_t t, int n) {
         stamp(b, s, c, t);
 }
 
+/* The most collectives a live peer of slot s holding turn key has launched, `from` at least (a peer more than
+ * `ahead` past `from` left out); *working set to 1 where such a peer holds the turn for work of its own (it is not
+ * resting). */
+static uint64_t farthest(struct board *b, struct board_slot *s, int64_t key, uint64_t from, uint64_t ahead,
+                         int *working) {
+    uint64_t far = from;
+    uint32_t used = atomic_load(&b->used);
+    for (uint32_t i = 0; i < used && i < BOARD_SLOTS; i++) {
+        struct board_slot *o = &b->slot[i];
+        if (o == s || atomic_load(&o->key) != key || !alive(atomic_load(&o->pid)))
+            continue;
+        uint64_t n = atomic_load(&o->colls);
+        if (n > far && n - from <= ahead)
+            far = n;
+        if (working && !atomic_load(&o->resting))
+            *working = 1;
+    }
+    return far;
+}
+
 int cgpu_board_keeps(int pos) {
     struct board_slot *s = atomic_load(&B.mine[pos]);
     int64_t key = atomic_load(&B.key[pos]);
@@ -327,21 +348,9 @@ int cgpu_board_keeps(int pos) {
     int64_t now = cgpu_now();
     if (now > key + CATCH_UP_NS)
         return 0;
-    /* the farthest peer holding the turn (up to BOARD_RING ahead: the stop a rank past the deadline fixes), and
-     * whether a peer holds it for work of its own (not resting) */
-    uint64_t mine = atomic_load(&s->colls), far = mine;
+    /* the farthest peer holding the turn (up to BOARD_RING ahead: the stop a rank past the deadline fixes) */
     int working = 0;
-    uint32_t used = atomic_load(&b->used);
-    for (uint32_t i = 0; i < used && i < BOARD_SLOTS; i++) {
-        struct board_slot *o = &b->slot[i];
-        if (o == s || atomic_load(&o->key) != key || !alive(atomic_load(&o->pid)))
-            continue;
-        uint64_t n = atomic_load(&o->colls);
-        if (n > far && n - mine <= BOARD_RING)
-            far = n;
-        if (!atomic_load(&o->resting))
-            working = 1;
-    }
+    uint64_t mine = atomic_load(&s->colls), far = farthest(b, s, key, mine, BOARD_RING, &working);
     if (now <= key) /* within the turn: the GPU is the gang's until the deadline anyway */
         return far > mine || working;
     /* past it, awaited as far as this rank may still catch up: within one launch like its last one */
@@ -360,13 +369,7 @@ static uint64_t stop_of(struct board *b, struct board_slot *me, int64_t key, uin
     for (int i = 0; i < BOARD_TURNS; i++)
         if (b->turn[i].key == key)
             return b->turn[i].stop;
-    uint64_t stop = launched;
-    for (int i = 0; i < BOARD_SLOTS; i++) {
-        struct board_slot *o = &b->slot[i];
-        uint64_t n = atomic_load(&o->colls);
-        if (o != me && atomic_load(&o->key) == key && n > stop && alive(atomic_load(&o->pid)))
-            stop = n;
-    }
+    uint64_t stop = farthest(b, me, key, launched, UINT64_MAX, NULL);
     uint32_t at = b->next++ % BOARD_TURNS;
     b->turn[at].key = 0;
     b->turn[at].stop = stop;

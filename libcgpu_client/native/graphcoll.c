@@ -104,21 +104,18 @@ void cgpu_graph_coll_exec_from(CUgraphExec e, CUgraph g) {
     pthread_mutex_unlock(&mu);
 }
 
-void cgpu_graph_coll_exec_gone(CUgraphExec e) {
+/* key's record, if it has one, is dropped (its graph or executable graph destroyed). */
+static void forget(rec **table, const void *key) {
     if (!atomic_load_explicit(&any, memory_order_relaxed))
         return;
     pthread_mutex_lock(&mu);
-    set(execs, e, 0);
+    set(table, key, 0);
     pthread_mutex_unlock(&mu);
 }
 
-void cgpu_graph_coll_graph_gone(CUgraph g) {
-    if (!atomic_load_explicit(&any, memory_order_relaxed))
-        return;
-    pthread_mutex_lock(&mu);
-    set(graphs, g, 0);
-    pthread_mutex_unlock(&mu);
-}
+void cgpu_graph_coll_exec_gone(CUgraphExec e) { forget(execs, e); }
+
+void cgpu_graph_coll_graph_gone(CUgraph g) { forget(graphs, g); }
 
 CUresult cuGraphClone(CUgraph *clone, CUgraph orig) {
     REAL_OR_FAIL(cuGraphClone);
